@@ -1,0 +1,144 @@
+"""Qwen2.5-VL on the stock `Qwen2_5_VLForConditionalGeneration`, driven from the outside.
+
+The draft receives the text embeddings plus only the kept visual embeddings; every kept token keeps
+its original 3-D M-RoPE position, and decode positions continue from the full prompt's
+`max(position) + 1`, exactly as `generate()` computes them through `rope_deltas`. Positions are
+always passed explicitly, so the `rope_deltas` state that transformers keeps on the model object is
+never read: the target and the draft may be the very same object (self-speculation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
+
+from hippo import hookimpl
+from hippo.errors import InputError
+from hippo.interfaces import Adapter, Encoded
+from hippo.session import KVSession
+from hippo.types import VisualTokens
+
+
+def _batch1(inputs: dict[str, Any], key: str) -> torch.Tensor:
+    x = inputs[key]
+    if x.dim() != 2 or x.shape[0] != 1:
+        raise InputError(f"{key} must have shape [1, L] (batch size 1), got {tuple(x.shape)}")
+    return x[0]
+
+
+class Qwen25VLAdapter(Adapter):
+    name = "qwen2_5_vl"
+    model_types = ("qwen2_5_vl",)
+    model_class = Qwen2_5_VLForConditionalGeneration
+
+    @classmethod
+    def tiny_model(cls, role: str = "target", *, seed: int = 0, dtype: torch.dtype = torch.float32):
+        from hippo_adapters.qwen2_5_vl_tiny import tiny_model
+
+        return tiny_model(role, seed=seed, dtype=dtype)
+
+    @classmethod
+    def synthetic_inputs(cls, model, video, text_before, text_after):
+        from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs
+
+        return synthetic_inputs(model, video, text_before, text_after)
+
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def context_length(self) -> int:
+        return int(self.model.config.get_text_config().max_position_embeddings)
+
+    @property
+    def spatial_merge(self) -> int:
+        return int(self.model.config.vision_config.spatial_merge_size)
+
+    def _check_inputs(self, inputs: dict[str, Any]) -> None:
+        if "input_ids" not in inputs:
+            raise InputError("inputs have no input_ids; pass the mapping the model's processor returns")
+        has_visual = inputs.get("pixel_values_videos") is not None or inputs.get("pixel_values") is not None
+        if has_visual and inputs.get("mm_token_type_ids") is None:
+            raise InputError(
+                "inputs have pixel values but no mm_token_type_ids; without them transformers silently "
+                "uses 1-D positions. Pass the processor's full output (it returns mm_token_type_ids)"
+            )
+        mask = inputs.get("attention_mask")
+        if mask is not None and not bool(mask.all()):
+            raise InputError("attention_mask has padding; hippo decodes a single unpadded prompt (batch size 1)")
+
+    @torch.inference_mode()
+    def encode(self, inputs: dict[str, Any]) -> Encoded:
+        self._check_inputs(inputs)
+        core, cfg, dev = self.model.model, self.model.config, self.device
+        ids = _batch1(inputs, "input_ids").to(dev)
+        embeds = core.get_input_embeddings()(ids)  # [L, D]
+        video = torch.zeros(0, embeds.shape[-1], dtype=embeds.dtype, device=dev)
+        grids: tuple[tuple[int, int, int], ...] = ()
+        video_pos = (ids == cfg.video_token_id).nonzero().flatten()
+        if inputs.get("pixel_values_videos") is not None:
+            thw = inputs["video_grid_thw"].to(dev)
+            feats = core.get_video_features(inputs["pixel_values_videos"].to(dev), thw).pooler_output
+            video = torch.cat(feats).to(embeds.dtype)
+            m = self.spatial_merge
+            grids = tuple((int(t), int(h) // m, int(w) // m) for t, h, w in thw.tolist())
+        if video.shape[0] != video_pos.shape[0]:
+            raise InputError(
+                f"the prompt has {video_pos.shape[0]} video tokens but the video encodes to {video.shape[0]}; "
+                "build input_ids and pixel values with the same processor call"
+            )
+        embeds = embeds.index_put((video_pos,), video)
+        if inputs.get("pixel_values") is not None:  # images are passed through, never pruned
+            feats = core.get_image_features(inputs["pixel_values"].to(dev), inputs["image_grid_thw"].to(dev))
+            image_pos = (ids == cfg.image_token_id).nonzero().flatten()
+            embeds = embeds.index_put((image_pos,), torch.cat(feats.pooler_output).to(embeds.dtype))
+        mm_types = inputs.get("mm_token_type_ids")
+        if mm_types is not None:
+            positions, delta = core.get_rope_index(
+                ids[None],
+                mm_token_type_ids=mm_types.to(dev),
+                image_grid_thw=inputs.get("image_grid_thw"),
+                video_grid_thw=inputs.get("video_grid_thw"),
+                second_per_grid_ts=inputs.get("second_per_grid_ts"),
+            )
+            positions, next_pos = positions[:, 0], ids.shape[0] + int(delta)
+        else:  # text only: transformers uses plain 1-D positions
+            positions, next_pos = torch.arange(ids.shape[0], device=dev).expand(3, -1), ids.shape[0]
+        visual = VisualTokens(embeds=video, seq_index=video_pos, grids=grids)
+        return Encoded(input_ids=ids, embeds=embeds, positions=positions, visual=visual, next_position=next_pos)
+
+    @torch.inference_mode()
+    def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> KVSession:
+        L = encoded.length
+        if keep is None:
+            embeds, positions = encoded.embeds, encoded.positions
+        else:
+            mask = torch.ones(L, dtype=torch.bool, device=encoded.embeds.device)
+            mask[encoded.visual.seq_index] = False
+            mask[encoded.visual.seq_index[keep.to(mask.device)]] = True
+            embeds, positions = encoded.embeds[mask], encoded.positions[:, mask]
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            inputs_embeds=embeds[None],
+            position_ids=positions[:, None, :],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        delta = encoded.next_position - L
+
+        def decode_positions(start: int, k: int) -> torch.Tensor:  # -> [3, 1, k]
+            return (torch.arange(start, start + k) + delta).view(1, 1, k).expand(3, 1, k)
+
+        return KVSession(self.model, cache, out.logits[0, -1], L, L, decode_positions)
+
+
+@hookimpl
+def hippo_register_adapters():
+    return {Qwen25VLAdapter.name: Qwen25VLAdapter}
+
+
+@hookimpl
+def hippo_resolve_adapter(config):
+    return Qwen25VLAdapter if Qwen25VLAdapter.matches(config) else None

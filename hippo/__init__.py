@@ -1,0 +1,49 @@
+"""hippo: holistic-aware parallel speculative decoding for video-LLMs, lossless by construction.
+
+Public API: `PipelineBuilder`, `Pipeline`, `PipelineConfig`, `plugin_manager`, `hookimpl`, and the
+interfaces a plugin implements (`Scorer`, `Selector`, `Drafter`, `Verifier`, `Scheduler`, `Adapter`).
+"""
+
+from hippo import errors
+from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
+from hippo.hookspecs import hookimpl
+from hippo.interfaces import (
+    Adapter,
+    Drafter,
+    Encoded,
+    ModelSession,
+    Scheduler,
+    Scorer,
+    ScoringContext,
+    Selector,
+    Verifier,
+)
+from hippo.pipeline import Pipeline
+from hippo.registry import plugin_manager
+from hippo.types import DraftProposal, GenerateOutput, Stats, Verdict, VisualTokens
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Adapter",
+    "DraftProposal",
+    "Drafter",
+    "Encoded",
+    "GenerateOutput",
+    "ModelSession",
+    "PartSpec",
+    "Pipeline",
+    "PipelineBuilder",
+    "PipelineConfig",
+    "Scheduler",
+    "Scorer",
+    "ScoringContext",
+    "Selector",
+    "Stats",
+    "Verdict",
+    "Verifier",
+    "VisualTokens",
+    "errors",
+    "hookimpl",
+    "plugin_manager",
+]

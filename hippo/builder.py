@@ -1,0 +1,238 @@
+"""PipelineBuilder: names from the registries plus options -> a validated Pipeline.
+
+    pipe = (hippo.PipelineBuilder()
+            .target("path/to/target").draft("path/to/draft")
+            .selector("uniform", keep_ratio=0.1)
+            .scheduler("serial", gamma=5)
+            .build())
+
+The same choices can be written down as one `PipelineConfig`, a dict, or a JSON/TOML file and passed
+to `PipelineBuilder.from_config`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from hippo.errors import ConfigError, ModelError
+from hippo.interfaces import Adapter, make_config
+from hippo.pipeline import Pipeline
+from hippo.registry import lookup, resolve_adapter
+
+KINDS = ("scorer", "selector", "drafter", "verifier", "scheduler")
+
+
+def _part(value: Any) -> PartSpec | None:
+    if value is None or isinstance(value, PartSpec):
+        return value
+    if isinstance(value, str):
+        return PartSpec(value)
+    if isinstance(value, dict):
+        d = dict(value)
+        if "name" not in d:
+            raise ConfigError(f"a part given as a dict needs a 'name' key, got {value!r}")
+        return PartSpec(d.pop("name"), d.pop("options", None) or d)
+    raise ConfigError(f"a part must be a name, a dict with 'name', or None; got {value!r}")
+
+
+@attrs.frozen
+class PartSpec:
+    """A registry name plus the options for that plugin's attrs config."""
+
+    name: str = attrs.field(validator=attrs.validators.instance_of(str))
+    options: dict = attrs.field(factory=dict, converter=lambda d: dict(d or {}))
+
+
+@attrs.frozen
+class PipelineConfig:
+    """A whole pipeline as data. `target`/`draft` are checkpoint paths (or None to set them in code)."""
+
+    target: str | None = None
+    draft: str | None = None
+    backbone: str = "auto"
+    scorer: PartSpec | None = attrs.field(default=None, converter=_part)
+    selector: PartSpec = attrs.field(factory=lambda: PartSpec("uniform", {"keep_ratio": 0.1}), converter=_part)
+    drafter: PartSpec = attrs.field(factory=lambda: PartSpec("chain"), converter=_part)
+    verifier: PartSpec | None = attrs.field(default=None, converter=_part)
+    scheduler: PartSpec = attrs.field(factory=lambda: PartSpec("serial", {"gamma": 5}), converter=_part)
+    dtype: str | None = None
+    device: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PipelineConfig:
+        return make_config(cls, dict(data), owner="pipeline config")
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> PipelineConfig:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        text = p.read_text()
+        try:
+            if p.suffix == ".toml":
+                import tomllib
+
+                data = tomllib.loads(text)
+            else:
+                data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not valid {p.suffix.lstrip('.') or 'JSON'}: {exc}") from exc
+        return cls.from_dict(data)
+
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def load_model(path: str | os.PathLike, backbone: str = "auto", **kwargs: Any) -> tuple[torch.nn.Module, type]:
+    """Load a checkpoint directory with `from_pretrained`, choosing the adapter by its config."""
+    from transformers import AutoConfig
+
+    p = Path(path)
+    if not p.is_dir():
+        raise ModelError(f"checkpoint {str(p)!r} is not a directory; pass a local checkpoint directory or a model")
+    if not (p / "config.json").is_file():
+        raise ModelError(f"checkpoint {str(p)!r} has no config.json; save it with save_pretrained()")
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        raise ModelError(f"checkpoint {str(p)!r} has no weights (*.safetensors or *.bin)")
+    config = AutoConfig.from_pretrained(p)
+    cls = resolve_adapter(config) if backbone == "auto" else lookup("adapters", backbone)
+    try:
+        return cls.load(str(p), **kwargs), cls
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelError(f"could not load checkpoint {str(p)!r} with {cls.__name__}: {exc}") from exc
+
+
+class PipelineBuilder:
+    def __init__(self, pm: Any = None):
+        self._pm = pm
+        self._models: dict[str, Any] = {"target": None, "draft": None}
+        self._adapters: dict[str, str | None] = {"target": None, "draft": None}
+        self._load_kwargs: dict[str, dict] = {"target": {}, "draft": {}}
+        self._parts: dict[str, Any] = {}
+        self._specs: dict[str, PartSpec | None] = {}
+        self._device: str | None = None
+        defaults = PipelineConfig()
+        for kind in KINDS:
+            self._set(kind, getattr(defaults, kind))
+
+    # ---- models -----------------------------------------------------------------------------
+    def target(self, model: Any, *, backbone: str | None = None, **load_kwargs: Any) -> PipelineBuilder:
+        """The model whose output hippo reproduces: a transformers model or a checkpoint path."""
+        return self._model("target", model, backbone, load_kwargs)
+
+    def draft(self, model: Any, *, backbone: str | None = None, **load_kwargs: Any) -> PipelineBuilder:
+        """The drafting model: a smaller model of the same family, a path, or the target itself."""
+        return self._model("draft", model, backbone, load_kwargs)
+
+    def _model(self, role: str, model: Any, backbone: str | None, load_kwargs: dict) -> PipelineBuilder:
+        if model is None:
+            raise ConfigError(f"{role} must be a model or a checkpoint path, got None")
+        self._models[role] = model
+        self._adapters[role] = backbone
+        self._load_kwargs[role] = load_kwargs
+        return self
+
+    # ---- parts ------------------------------------------------------------------------------
+    def scorer(self, name: str | None, **options: Any) -> PipelineBuilder:
+        return self._set("scorer", None if name is None else PartSpec(name, options))
+
+    def selector(self, name: str, **options: Any) -> PipelineBuilder:
+        return self._set("selector", PartSpec(name, options))
+
+    def drafter(self, name: str, **options: Any) -> PipelineBuilder:
+        return self._set("drafter", PartSpec(name, options))
+
+    def verifier(self, name: str | None, **options: Any) -> PipelineBuilder:
+        """'greedy', 'rejection', or None (the default: chosen from do_sample at generate time)."""
+        return self._set("verifier", None if name is None or name == "auto" else PartSpec(name, options))
+
+    def scheduler(self, name: str, **options: Any) -> PipelineBuilder:
+        return self._set("scheduler", PartSpec(name, options))
+
+    def _set(self, kind: str, spec: PartSpec | None) -> PipelineBuilder:
+        """Look the name up and validate its options now, so a bad value fails before any model loads."""
+        if spec is None:
+            self._specs[kind], self._parts[kind] = None, None
+            return self
+        cls = lookup(kind + "s", spec.name, self._pm)
+        try:
+            part = cls.from_options(**spec.options)
+        except ConfigError as exc:
+            raise ConfigError(f"{kind} {spec.name!r}: {exc}") from exc
+        self._specs[kind], self._parts[kind] = spec, part
+        return self
+
+    # ---- config files -----------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: PipelineConfig | dict | str | os.PathLike) -> PipelineBuilder:
+        if isinstance(config, (str, os.PathLike)):
+            config = PipelineConfig.from_file(config)
+        elif isinstance(config, dict):
+            config = PipelineConfig.from_dict(config)
+        b = cls()
+        for kind in KINDS:
+            b._set(kind, getattr(config, kind))
+        load = {}
+        if config.dtype:
+            if config.dtype not in _DTYPES:
+                raise ConfigError(f"dtype {config.dtype!r} is not one of {', '.join(_DTYPES)}")
+            load["dtype"] = _DTYPES[config.dtype]
+        backbone = None if config.backbone == "auto" else config.backbone
+        if config.target:
+            b.target(config.target, backbone=backbone, **load)
+        if config.draft:
+            b.draft(config.draft, backbone=backbone, **load)
+        b._device = config.device
+        return b
+
+    # ---- build ------------------------------------------------------------------------------
+    def _adapter(self, role: str) -> Adapter:
+        model, backbone = self._models[role], self._adapters[role]
+        if isinstance(model, (str, os.PathLike)):
+            model, cls = load_model(model, backbone or "auto", **self._load_kwargs[role])
+        elif isinstance(model, torch.nn.Module):
+            cls = lookup("adapters", backbone, self._pm) if backbone else resolve_adapter(model.config, self._pm)
+        else:
+            raise ConfigError(f"{role} must be a transformers model or a checkpoint path, got {type(model).__name__}")
+        device = self._device
+        if device:
+            if device.startswith("cuda") and not torch.cuda.is_available():
+                raise ConfigError(f"device {device!r} was asked for but CUDA is not available; use --device cpu")
+            model = model.to(device)
+        model.eval()
+        return cls(model)
+
+    def build(self) -> Pipeline:
+        if self._models["target"] is None:
+            raise ConfigError("no target model: call .target(model_or_path) before .build()")
+        scheduler = self._parts["scheduler"]
+        target = self._adapter("target")
+        draft = None
+        if scheduler.needs_draft:
+            if self._models["draft"] is None:
+                raise ConfigError(
+                    f"scheduler {self._specs['scheduler'].name!r} needs a draft model: call .draft(...) "
+                    "(pass the target itself for self-speculation)"
+                )
+            draft = target if self._models["draft"] is self._models["target"] else self._adapter("draft")
+            if draft.vocab_size() != target.vocab_size():
+                raise ModelError(
+                    f"draft vocabulary ({draft.vocab_size()}) differs from the target's ({target.vocab_size()}); "
+                    "speculative decoding needs a draft that shares the target's tokenizer"
+                )
+        selector, scorer = self._parts["selector"], self._parts["scorer"]
+        if selector.needs_scores and scorer is None:
+            raise ConfigError(
+                f"selector {self._specs['selector'].name!r} ranks tokens by score: add a scorer, "
+                "e.g. .scorer('holistic')"
+            )
+        names = {k: (s.name if s else "auto") for k, s in self._specs.items()}
+        return Pipeline(
+            target, draft, scorer, selector, self._parts["drafter"], self._parts["verifier"], scheduler, names
+        )

@@ -1,0 +1,32 @@
+"""User-facing error hierarchy.
+
+Every error names what is wrong and what to do about it; the CLI prints the message on one line.
+"""
+
+
+class HippoError(Exception):
+    """Base class of every error hippo raises on purpose."""
+
+
+class ConfigError(HippoError, ValueError):
+    """An option has a bad value (keep ratio out of range, gamma < 1, unknown option...)."""
+
+
+class PluginError(HippoError, LookupError):
+    """Unknown plugin name, duplicate registration, or a broken plugin package."""
+
+
+class ModelError(HippoError):
+    """A model or checkpoint cannot be used: missing weights, unsupported backbone, vocabulary mismatch."""
+
+
+class InputError(HippoError, ValueError):
+    """The generation inputs are unusable: missing keys, batch > 1, prompt longer than the context."""
+
+
+class VideoError(InputError):
+    """A video file is missing, unreadable, corrupt or has no frames."""
+
+
+class UnsupportedError(HippoError, NotImplementedError):
+    """A generation feature hippo cannot keep lossless (beam search, some logits processors...)."""

@@ -1,0 +1,237 @@
+"""The abstract parts of a pipeline. Concrete ones are plugins (`hippo_plugins`) or adapters.
+
+Notation: p = target, q = draft, γ = draft length, N = visual tokens, K = kept visual tokens,
+V = vocabulary, T = tokens in the sequence so far (prompt + generated).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import torch
+
+from hippo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hippo.job import DecodeJob
+    from hippo.sampling import TokenPolicy
+    from hippo.types import DraftProposal, Verdict, VisualTokens
+
+
+@attrs.frozen
+class NoConfig:
+    """Config of a part that takes no options."""
+
+
+class Component(ABC):  # noqa: B024 - abstract through its subclasses
+    """A named, configurable part. `Config` is a frozen attrs class validated at build time."""
+
+    Config: ClassVar[type] = NoConfig
+
+    def __init__(self, config: Any = None):
+        self.config = self.Config() if config is None else config
+
+    @classmethod
+    def from_options(cls, **options: Any) -> Component:
+        return cls(make_config(cls.Config, options, owner=cls.__name__))
+
+
+def make_config(config_cls: type, options: dict[str, Any], owner: str) -> Any:
+    """Build an attrs config, turning unknown options and failed validators into ConfigError."""
+    known = {a.name for a in attrs.fields(config_cls)} if attrs.has(config_cls) else set()
+    unknown = sorted(set(options) - known)
+    if unknown:
+        valid = ", ".join(sorted(known)) or "none"
+        raise ConfigError(f"{owner}: unknown option(s) {', '.join(unknown)}; valid options: {valid}")
+    try:
+        return config_cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{owner}: {exc}") from exc
+
+
+class ModelSession(ABC):
+    """One model with its KV cache, fed token by token after its prefill.
+
+    `length` counts logical tokens of the *full* sequence consumed so far, so a draft that saw
+    only K of the N visual tokens still reports the full prompt length after its prefill.
+    """
+
+    length: int
+    prompt_length: int
+    generated: list[int]  # tokens consumed after the prompt, in order
+    last_logits: torch.Tensor  # [V] logits after the last consumed token
+    seconds_decode: float = 0.0
+
+    @abstractmethod
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens [k] -> logits [k, V]
+        """Consume k tokens at logical positions length .. length+k-1 and return their logits."""
+
+    @abstractmethod
+    def rollback(self, length: int) -> None:
+        """Forget everything after the first `length` logical tokens (KV cache crop)."""
+
+    def sync(self, prefix: torch.Tensor) -> torch.Tensor:  # prefix [T] -> logits [V]
+        """Roll back to the longest common prefix with `prefix`, feed the rest, return the last logits."""
+        new = prefix[self.prompt_length :].tolist()
+        common = 0
+        for a, b in zip(self.generated, new):
+            if a != b:
+                break
+            common += 1
+        self.rollback(self.prompt_length + common)
+        if common < len(new):
+            self.forward(torch.tensor(new[common:], dtype=torch.long))
+        return self.last_logits
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (caches, remote workers)."""
+
+
+class Scorer(Component):
+    """Scores visual tokens; higher means more worth keeping for the draft."""
+
+    @abstractmethod
+    def score(self, visual: VisualTokens, context: ScoringContext) -> torch.Tensor:  # -> [N] float
+        ...
+
+
+class Selector(Component):
+    """Turns scores (or none) into the ascending indices of the visual tokens the draft keeps."""
+
+    #: Whether this selector needs a scorer's output.
+    needs_scores: ClassVar[bool] = False
+
+    @abstractmethod
+    def select(
+        self,
+        visual: VisualTokens,
+        scores: torch.Tensor | None,  # [N] or None
+        generator: torch.Generator,
+    ) -> torch.Tensor:  # -> [K] long, ascending, unique, in [0, N)
+        ...
+
+
+class Drafter(Component):
+    """Proposes γ tokens continuing `prefix` with the draft model."""
+
+    @abstractmethod
+    def propose(
+        self,
+        session: ModelSession,
+        prefix: torch.Tensor,  # [T] long: prompt + accepted tokens
+        gamma: int,
+        policy: TokenPolicy,
+    ) -> DraftProposal: ...
+
+
+class Verifier(Component):
+    """Decides how many draft tokens the target accepts, and the token that follows them."""
+
+    #: True for verifiers that are exact only under greedy decoding.
+    greedy_only: ClassVar[bool] = False
+
+    @abstractmethod
+    def verify(
+        self,
+        proposal: DraftProposal,  # tokens [γ], q [γ, V] | None
+        p_logits: torch.Tensor,  # [γ+1, V] processed target logits p_0..p_γ
+        policy: TokenPolicy,
+    ) -> Verdict: ...
+
+
+class Scheduler(Component):
+    """Decides when the draft drafts and the target verifies. It never decides *what* is emitted."""
+
+    #: False for schedules that run the target alone.
+    needs_draft: ClassVar[bool] = True
+
+    @abstractmethod
+    def run(self, job: DecodeJob) -> None:
+        """Drive `job` until `job.done`, emitting tokens through `job.emit`."""
+
+
+@attrs.frozen
+class ScoringContext:
+    """What a scorer may read beyond the visual tokens themselves."""
+
+    adapter: Adapter
+    encoded: Encoded  # the target's encoded prompt
+    target: ModelSession | None = None  # prefilled target (KV cache), when available
+
+
+@attrs.frozen
+class Encoded:
+    """A prompt after the vision encoder: what a decoder needs for its prefill.
+
+    Adapters may subclass this to carry backbone extras (deepstack features, audio...).
+    """
+
+    input_ids: torch.Tensor  # [L] long
+    embeds: torch.Tensor  # [L, D] input embeddings with visual features scattered in
+    positions: torch.Tensor  # [P, L] position ids (P = 3 for M-RoPE, 1 for 1-D RoPE)
+    visual: VisualTokens
+    next_position: int  # position id of the first generated token
+    extras: dict = attrs.field(factory=dict)
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+class Adapter(ABC):
+    """Everything backbone-specific: loading, encoding the video, positions, and pruned prefill."""
+
+    #: Registry name, e.g. "qwen2_5_vl".
+    name: ClassVar[str] = ""
+    #: `config.model_type` values this adapter handles.
+    model_types: ClassVar[tuple[str, ...]] = ()
+    #: The transformers class for `from_pretrained`.
+    model_class: ClassVar[Any] = None
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    @classmethod
+    def matches(cls, config: Any) -> bool:
+        return getattr(config, "model_type", None) in cls.model_types
+
+    @classmethod
+    def load(cls, path: str, **kwargs: Any) -> torch.nn.Module:
+        return cls.model_class.from_pretrained(path, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ---- optional: a tiny random model and synthetic inputs, for tests, demos and benchmarks ----
+    @classmethod
+    def tiny_model(cls, role: str = "target", *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Any:
+        """A randomly initialised tiny model of the real class ('target' or the smaller 'draft')."""
+        raise NotImplementedError(f"adapter {cls.name!r} ships no tiny model")
+
+    @classmethod
+    def synthetic_inputs(
+        cls,
+        model: Any,
+        video: torch.Tensor,  # [T, H, W, 3] floats in [0, 1]
+        text_before: list[int],
+        text_after: list[int],
+    ) -> dict[str, Any]:
+        """Processor-shaped inputs for one video between two runs of text token ids."""
+        raise NotImplementedError(f"adapter {cls.name!r} cannot build synthetic inputs")
+
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @abstractmethod
+    def context_length(self) -> int: ...
+
+    @abstractmethod
+    def encode(self, inputs: dict[str, Any]) -> Encoded:
+        """Run the vision encoder and build input embeddings and positions for the full prompt."""
+
+    @abstractmethod
+    def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> ModelSession:
+        """Prefill on the full prompt (keep=None) or with only the kept visual tokens (keep [K])."""

@@ -1,0 +1,160 @@
+"""One `generate` call: the state a scheduler drives, and the bookkeeping shared by all schedules."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hippo.interfaces import ModelSession, ScoringContext, Verifier
+from hippo.types import DraftProposal, Stats, Verdict
+
+if TYPE_CHECKING:
+    from hippo.pipeline import Pipeline
+    from hippo.sampling import TokenPolicy
+
+
+class DecodeJob:
+    """Prompt, sessions, emitted tokens and stats of one generation.
+
+    Schedulers call `prefill_target`, `prefill_draft`, `emit`, and `verify_round`; they never
+    touch the stopping rules or the statistics directly.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        inputs: dict[str, Any],
+        prompt_ids: torch.Tensor,  # [L]
+        policy: TokenPolicy,
+        verifier: Verifier,
+        max_new_tokens: int,
+        eos_ids: Sequence[int],
+        streamer: Any = None,
+    ):
+        self.pipeline = pipeline
+        self.inputs = inputs
+        self.prompt_ids = prompt_ids.cpu()
+        self.policy = policy
+        self.verifier = verifier
+        self.max_new_tokens = max_new_tokens
+        self.eos_ids = frozenset(int(e) for e in eos_ids)
+        self.streamer = streamer
+        self.tokens: list[int] = []
+        self.stats = Stats()
+        self.done = max_new_tokens <= 0
+        self.kept: torch.Tensor | None = None
+        self._t0 = time.perf_counter()
+        self._target: ModelSession | None = None
+        self._target_encoded = None
+        self._draft: ModelSession | None = None
+
+    # ---- sequence -------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return self.prompt_ids.shape[0] + len(self.tokens)
+
+    @property
+    def remaining(self) -> int:
+        return 0 if self.done else self.max_new_tokens - len(self.tokens)
+
+    def prefix(self) -> torch.Tensor:  # [T]
+        return torch.cat([self.prompt_ids, torch.tensor(self.tokens, dtype=torch.long)])
+
+    def emit(self, tokens: Sequence[int]) -> int:
+        """Append accepted tokens, stopping at EOS or the token budget; returns how many were kept."""
+        out = []
+        for tok in tokens:
+            if self.done:
+                break
+            out.append(int(tok))
+            if int(tok) in self.eos_ids or len(self.tokens) + len(out) >= self.max_new_tokens:
+                self.done = True
+        if out and not self.tokens:
+            self.stats.seconds_ttft = time.perf_counter() - self._t0
+        self.tokens.extend(out)
+        if out and self.streamer is not None:
+            self.streamer.put(torch.tensor(out, dtype=torch.long))
+        return len(out)
+
+    # ---- prefill --------------------------------------------------------------------------
+    def target_encoded(self):
+        if self._target_encoded is None:
+            t0 = time.perf_counter()
+            self._target_encoded = self.pipeline.target_adapter.encode(self.inputs)
+            self.stats.seconds_target_prefill += time.perf_counter() - t0
+            self.stats.visual_tokens = self._target_encoded.visual.n
+        return self._target_encoded
+
+    def prefill_target(self) -> ModelSession:
+        if self._target is None:
+            encoded = self.target_encoded()
+            t0 = time.perf_counter()
+            self._target = self.pipeline.target_adapter.prefill(encoded, keep=None)
+            self.stats.seconds_target_prefill += time.perf_counter() - t0
+        return self._target
+
+    def prune(self) -> torch.Tensor:  # -> [K] kept visual indices
+        """Score and select the visual tokens the draft keeps (uses the target's prefill if done)."""
+        if self.kept is None:
+            encoded = self.target_encoded()
+            t0 = time.perf_counter()
+            p = self.pipeline
+            scores = None
+            if p.scorer is not None:
+                ctx = ScoringContext(adapter=p.target_adapter, encoded=encoded, target=self._target)
+                scores = p.scorer.score(encoded.visual, ctx)
+            self.kept = p.selector.select(encoded.visual, scores, self.policy.generator)
+            self.stats.seconds_pruning += time.perf_counter() - t0
+            self.stats.kept_visual_tokens = int(self.kept.shape[0])
+        return self.kept
+
+    def prefill_draft(self) -> ModelSession:
+        if self._draft is None:
+            keep = self.prune()
+            t0 = time.perf_counter()
+            p = self.pipeline
+            if p.draft_adapter.model is p.target_adapter.model:
+                encoded = self.target_encoded()  # self-speculation: reuse the vision encoder's output
+            else:
+                encoded = p.draft_adapter.encode(self.inputs)
+            self._draft = p.draft_adapter.prefill(encoded, keep=keep)
+            self.stats.seconds_draft_prefill += time.perf_counter() - t0
+        return self._draft
+
+    # ---- one speculative round ------------------------------------------------------------
+    def first_token(self, target: ModelSession) -> None:
+        """Emit the token that follows the prompt, from the target's prefill logits."""
+        scores = self.policy.process(self.prefix(), target.last_logits[None])[0]
+        self.emit([self.policy.choose(scores)])
+
+    def verify_round(self, target: ModelSession, proposal: DraftProposal) -> Verdict:
+        """Score [pending..., x_1..x_γ] with the target in one pass, verify, emit, and crop its cache."""
+        prefix = self.prefix()
+        pending = prefix[target.length :]  # accepted tokens the target has not consumed (>= 1)
+        fed = torch.cat([pending, proposal.tokens.cpu()])
+        logits = target.forward(fed)[-(proposal.gamma + 1) :]  # p_0..p_γ
+        scores = self.policy.process(torch.cat([prefix, proposal.tokens.cpu()]), logits)
+        verdict = self.verifier.verify(proposal, scores, self.policy)
+        target.rollback(prefix.shape[0] + verdict.n_accepted)
+        self.stats.rounds += 1
+        self.stats.accepted_per_round.append(verdict.n_accepted)
+        self.stats.drafted_per_round.append(proposal.gamma)
+        self.emit([*proposal.tokens[: verdict.n_accepted].tolist(), verdict.next_token])
+        return verdict
+
+    def finish(self) -> None:
+        s = self.stats
+        s.new_tokens = len(self.tokens)
+        s.seconds_total = time.perf_counter() - self._t0
+        if self._target is not None:
+            s.seconds_target_decode = self._target.seconds_decode
+        if self._draft is not None:
+            s.seconds_draft_decode = self._draft.seconds_decode
+        for sess in (self._target, self._draft):
+            if sess is not None:
+                sess.close()
+        if self.streamer is not None:
+            self.streamer.end()

@@ -1,0 +1,115 @@
+"""The assembled pipeline: generation settings -> DecodeJob -> scheduler -> output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from hippo.errors import ConfigError, InputError
+from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, Verifier
+from hippo.job import DecodeJob
+from hippo.registry import lookup
+from hippo.sampling import TokenPolicy, make_generator, resolve_generation_config
+from hippo.types import GenerateOutput
+
+
+class Pipeline:
+    """A target, an optional draft, and the parts that decide what the draft sees and when it runs.
+
+    `generate` returns exactly what `target.generate` returns for the same settings (greedy), or a
+    sample from exactly the same distribution (sampling).
+    """
+
+    def __init__(
+        self,
+        target: Adapter,
+        draft: Adapter | None,
+        scorer: Scorer | None,
+        selector: Selector,
+        drafter: Drafter,
+        verifier: Verifier | None,  # None: greedy when decoding greedily, rejection when sampling
+        scheduler: Scheduler,
+        names: dict[str, str] | None = None,
+    ):
+        self.target_adapter = target
+        self.draft_adapter = draft
+        self.scorer = scorer
+        self.selector = selector
+        self.drafter = drafter
+        self.verifier = verifier
+        self.scheduler = scheduler
+        self.names = names or {}
+        self._closed = False
+
+    @property
+    def target(self) -> torch.nn.Module:
+        return self.target_adapter.model
+
+    @property
+    def draft(self) -> torch.nn.Module | None:
+        return None if self.draft_adapter is None else self.draft_adapter.model
+
+    def _verifier_for(self, do_sample: bool) -> Verifier:
+        if self.verifier is None:
+            return lookup("verifiers", "rejection" if do_sample else "greedy")()
+        if do_sample and self.verifier.greedy_only:
+            raise ConfigError(
+                f"verifier {self.names.get('verifier', '?')!r} is exact only for greedy decoding but "
+                "do_sample=True; use .verifier('rejection') or leave the verifier unset"
+            )
+        return self.verifier
+
+    def generate(
+        self,
+        inputs: dict[str, Any],
+        generation_config: GenerationConfig | None = None,
+        *,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        streamer: Any = None,
+        **generation_kwargs: Any,
+    ) -> GenerateOutput:
+        """Decode one prompt. `inputs` is the processor's output (input_ids, pixel_values_videos, ...)."""
+        if self._closed:
+            raise InputError("this pipeline is closed; build a new one")
+        if not hasattr(inputs, "get") or inputs.get("input_ids") is None:
+            raise InputError("inputs must be the mapping a Hugging Face processor returns, with input_ids")
+        ids = inputs["input_ids"]
+        if ids.dim() != 2 or ids.shape[0] != 1:
+            raise InputError(f"hippo decodes one prompt at a time: input_ids must be [1, L], got {tuple(ids.shape)}")
+        prompt = ids[0].cpu()
+        L = prompt.shape[0]
+        ctx = self.target_adapter.context_length()
+        if L >= ctx:
+            raise InputError(
+                f"the prompt has {L} tokens but the target's context is {ctx}; use fewer frames or a "
+                "lower resolution (max_pixels)"
+            )
+        gc = resolve_generation_config(self.target, generation_config, generation_kwargs)
+        max_new = gc.max_new_tokens if gc.max_new_tokens is not None else gc.max_length - L
+        eos = gc.eos_token_id
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        gen = make_generator(seed, generator)
+        policy = TokenPolicy.for_model(self.target, gc, prompt, gen)
+        if streamer is not None:
+            streamer.put(prompt)
+        job = DecodeJob(self, inputs, prompt, policy, self._verifier_for(gc.do_sample), max_new, eos, streamer)
+        job.stats.scheduler = self.names.get("scheduler", type(self.scheduler).__name__)
+        try:
+            self.scheduler.run(job)
+        finally:
+            job.finish()
+        return GenerateOutput(sequences=job.prefix()[None].to(ids.device), stats=job.stats, kept_visual_index=job.kept)
+
+    def close(self) -> None:
+        """Release the models and any workers; the pipeline cannot generate afterwards."""
+        self._closed = True
+        self.target_adapter = self.draft_adapter = None
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,124 @@
+"""Token policy: how logits become tokens, exactly as transformers' `generate` does it.
+
+The generation config is resolved and the logits processors are built by the *target's* own
+GenerationMixin, so temperature, top-k, top-p, repetition penalty, min-new-tokens... apply to p and q
+precisely as `target.generate(...)` would apply them. Speculative decoding evaluates several
+positions at once, so each row is processed with the prefix it would have had in `generate`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+
+from hippo.errors import ConfigError, UnsupportedError
+
+_OURS = ("seed", "generator", "streamer")
+
+
+def resolve_generation_config(
+    model: Any, generation_config: GenerationConfig | None, kwargs: dict[str, Any]
+) -> GenerationConfig:
+    """Merge user kwargs > `generation_config` > `model.generation_config` > transformers' defaults."""
+    try:
+        gc, unused = model._prepare_generation_config(generation_config, **kwargs)
+    except ValueError as exc:
+        raise ConfigError(f"bad generation settings: {exc}") from exc
+    unused = {k: v for k, v in unused.items() if v is not None}
+    if unused:
+        raise ConfigError(
+            f"unknown generation option(s): {', '.join(sorted(unused))}; hippo takes GenerationConfig "
+            f"fields plus {', '.join(_OURS)}"
+        )
+    for field, ok in (("num_beams", 1), ("num_return_sequences", 1)):
+        if (getattr(gc, field, 1) or 1) != ok:
+            raise UnsupportedError(f"{field}={getattr(gc, field)} is not supported; hippo decodes one sequence (use 1)")
+    for field in ("stop_strings", "prompt_lookup_num_tokens", "assistant_early_exit", "watermarking_config"):
+        if getattr(gc, field, None):
+            raise UnsupportedError(f"generation option {field} is not supported by hippo; remove it")
+    if gc.do_sample and gc.temperature is not None and gc.temperature <= 0:
+        raise ConfigError(f"temperature must be > 0 when sampling, got {gc.temperature}")
+    return gc
+
+
+class TokenPolicy:
+    """Processes logits, turns them into probabilities, picks tokens (argmax or seeded sampling)."""
+
+    def __init__(
+        self,
+        processors: LogitsProcessorList,
+        do_sample: bool,
+        generator: torch.Generator,
+    ):
+        self.processors = processors
+        self.do_sample = bool(do_sample)
+        self.generator = generator
+
+    @classmethod
+    def for_model(
+        cls,
+        model: Any,
+        gc: GenerationConfig,
+        prompt_ids: torch.Tensor,  # [L]
+        generator: torch.Generator,
+    ) -> TokenPolicy:
+        ids = prompt_ids[None]
+        processors = model._get_logits_processor(
+            generation_config=gc,
+            input_ids_seq_length=ids.shape[1],
+            encoder_input_ids=ids,
+            prefix_allowed_tokens_fn=None,
+            logits_processor=LogitsProcessorList(),
+            device=ids.device,
+            model_kwargs={"attention_mask": torch.ones_like(ids)},
+        )
+        return cls(processors, gc.do_sample, generator)
+
+    def process(
+        self,
+        seq: torch.Tensor,  # [T'] long: the sequence the last row conditions on
+        logits: torch.Tensor,  # [k, V] raw logits; row i predicts the token after seq[: T' - k + 1 + i]
+    ) -> torch.Tensor:  # [k, V] processed scores
+        if not self.processors:
+            return logits
+        k, start = logits.shape[0], seq.shape[0] - logits.shape[0] + 1
+        seq = seq.to(logits.device)
+        rows = [self.processors(seq[None, : start + i], logits[i : i + 1].clone()) for i in range(k)]
+        return torch.cat(rows, dim=0)
+
+    @staticmethod
+    def probs(scores: torch.Tensor) -> torch.Tensor:  # [k, V] -> [k, V]
+        return torch.softmax(scores.double(), dim=-1)
+
+    def distribution(self, scores: torch.Tensor) -> torch.Tensor:  # [k, V] -> [k, V] float64
+        """The law the next token is drawn from: softmax when sampling, one-hot argmax when greedy."""
+        if self.do_sample:
+            return self.probs(scores)
+        return torch.nn.functional.one_hot(scores.argmax(-1), scores.shape[-1]).double()
+
+    def choose(self, scores: torch.Tensor) -> int:  # scores [V] processed
+        """The token `generate` would emit from these scores (argmax, or a seeded sample)."""
+        if not self.do_sample:
+            return int(torch.argmax(scores))
+        return self.sample(self.probs(scores[None])[0])
+
+    def sample(self, probs: torch.Tensor) -> int:  # probs [V]
+        return int(torch.multinomial(probs.cpu(), 1, generator=self.generator))
+
+    def uniform(self) -> float:
+        return float(torch.rand((), generator=self.generator, dtype=torch.float64))
+
+
+def make_generator(seed: int | None, generator: torch.Generator | None) -> torch.Generator:
+    if generator is not None:
+        if seed is not None:
+            raise ConfigError("pass either seed or generator, not both")
+        return generator
+    g = torch.Generator(device="cpu")
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(int(seed))
+    return g

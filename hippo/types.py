@@ -1,0 +1,143 @@
+"""Small value carriers passed between the pipeline's parts.
+
+Notation (as in the paper): p = target, q = draft, γ = draft length, N = visual tokens, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import attrs
+import torch
+
+
+@attrs.frozen
+class VisualTokens:
+    """The video tokens of one prompt, in sequence order, across all videos of the prompt."""
+
+    embeds: torch.Tensor  # [N, D] visual embeddings as the language model receives them
+    seq_index: torch.Tensor  # [N] position of each visual token in input_ids
+    grids: tuple[tuple[int, int, int], ...]  # per video: (t, h, w) token grid; sum(t*h*w) == N
+
+    def __attrs_post_init__(self):
+        n = sum(t * h * w for t, h, w in self.grids)
+        if n != self.embeds.shape[0] or n != self.seq_index.shape[0]:
+            raise ValueError(
+                f"visual grids cover {n} tokens but embeds has {self.embeds.shape[0]} and "
+                f"seq_index {self.seq_index.shape[0]}"
+            )
+
+    @property
+    def n(self) -> int:
+        return int(self.seq_index.shape[0])
+
+    def frame_index(self) -> torch.Tensor:  # [N] global frame number of each token
+        ids, offset = [], 0
+        for t, h, w in self.grids:
+            ids.append(torch.arange(t).repeat_interleave(h * w) + offset)
+            offset += t
+        if not ids:
+            return torch.zeros(0, dtype=torch.long)
+        return torch.cat(ids)
+
+    def frames(self) -> list[torch.Tensor]:
+        """Each frame's embeddings as a [h, w, D] tensor, in order."""
+        out, start = [], 0
+        for t, h, w in self.grids:
+            block = self.embeds[start : start + t * h * w].reshape(t, h, w, -1)
+            out.extend(block.unbind(0))
+            start += t * h * w
+        return out
+
+
+@attrs.frozen
+class DraftProposal:
+    """γ draft tokens and, when sampling, the draft distribution each was drawn from."""
+
+    tokens: torch.Tensor  # [γ] long
+    q: torch.Tensor | None = None  # [γ, V] probabilities (None for greedy drafts)
+
+    @property
+    def gamma(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@attrs.frozen
+class Verdict:
+    """The verifier's decision: the first `n_accepted` draft tokens stand, then `next_token`.
+
+    `next_token` is the recovered token (after a reject) or the bonus token (all γ accepted).
+    """
+
+    n_accepted: int
+    next_token: int
+
+
+@attrs.define
+class Stats:
+    """What a generate call did and where the time went (seconds are wall-clock)."""
+
+    new_tokens: int = 0
+    rounds: int = 0
+    accepted_per_round: list[int] = attrs.Factory(list)  # draft tokens accepted in each verify round
+    drafted_per_round: list[int] = attrs.Factory(list)  # γ used in each round
+    visual_tokens: int = 0
+    kept_visual_tokens: int = 0
+    seconds_total: float = 0.0
+    seconds_ttft: float = 0.0
+    seconds_pruning: float = 0.0
+    seconds_target_prefill: float = 0.0
+    seconds_target_decode: float = 0.0
+    seconds_draft_prefill: float = 0.0
+    seconds_draft_decode: float = 0.0
+    scheduler: str = ""
+    notes: list[str] = attrs.Factory(list)
+
+    @property
+    def mat(self) -> float:
+        """Mean accepted tokens: tokens produced per target verification (accepted drafts + 1)."""
+        if not self.accepted_per_round:
+            return 1.0 if self.new_tokens else 0.0
+        return statistics.fmean(n + 1 for n in self.accepted_per_round)
+
+    @property
+    def acceptance_rate(self) -> float:
+        drafted = sum(self.drafted_per_round)
+        return sum(self.accepted_per_round) / drafted if drafted else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds_total if self.seconds_total > 0 else 0.0
+
+    @property
+    def seconds_draft(self) -> float:
+        return self.seconds_draft_prefill + self.seconds_draft_decode
+
+    @property
+    def seconds_target(self) -> float:
+        return self.seconds_target_prefill + self.seconds_target_decode
+
+    def as_dict(self) -> dict:
+        d = attrs.asdict(self)
+        d.update(
+            mat=self.mat,
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_second=self.tokens_per_second,
+            seconds_draft=self.seconds_draft,
+            seconds_target=self.seconds_target,
+        )
+        return d
+
+    def summary(self) -> str:
+        return (
+            f"{self.new_tokens} new tokens | MAT {self.mat:.2f} | {self.tokens_per_second:.1f} tok/s | "
+            f"TTFT {self.seconds_ttft:.3f}s | pruning {self.seconds_pruning * 1e3:.1f} ms | "
+            f"total {self.seconds_total:.3f}s"
+        )
+
+
+@attrs.frozen
+class GenerateOutput:
+    sequences: torch.Tensor  # [1, prompt_len + new]
+    stats: Stats
+    kept_visual_index: torch.Tensor | None = None  # [K] indices into the visual tokens the draft saw

@@ -1,0 +1,45 @@
+"""The chain drafter: γ tokens, one draft forward each, as in vanilla speculative decoding."""
+
+from __future__ import annotations
+
+import torch
+
+from hippo import hookimpl
+from hippo.interfaces import Drafter, ModelSession
+from hippo.sampling import TokenPolicy
+from hippo.types import DraftProposal
+
+
+class ChainDrafter(Drafter):
+    """x_i ~ q_i for i = 1..γ, feeding each token back; q is returned only when sampling."""
+
+    def propose(
+        self,
+        session: ModelSession,
+        prefix: torch.Tensor,  # [T]
+        gamma: int,
+        policy: TokenPolicy,
+    ) -> DraftProposal:
+        if gamma == 0:
+            return DraftProposal(tokens=torch.zeros(0, dtype=torch.long))
+        logits = session.sync(prefix)  # [V]
+        seq, tokens, qs = prefix, [], []
+        for i in range(gamma):
+            scores = policy.process(seq, logits[None])  # [1, V]
+            if policy.do_sample:
+                q = policy.probs(scores)[0]
+                x = policy.sample(q)
+                qs.append(q)
+            else:
+                x = int(scores[0].argmax())
+            tokens.append(x)
+            seq = torch.cat([seq, torch.tensor([x])])
+            if i + 1 < gamma:
+                logits = session.forward(torch.tensor([x]))[-1]
+        q = torch.stack(qs) if qs else None
+        return DraftProposal(tokens=torch.tensor(tokens, dtype=torch.long), q=q)
+
+
+@hookimpl
+def hippo_register_drafters():
+    return {"chain": ChainDrafter}
