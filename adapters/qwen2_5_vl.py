@@ -66,7 +66,9 @@ class Qwen25VLAdapter(Adapter):
             )
         mask = inputs.get("attention_mask")
         if mask is not None and not bool(mask.all()):
-            raise InputError("attention_mask has padding; hippo decodes a single unpadded prompt (batch size 1)")
+            raise InputError(
+                "attention_mask has padding; hippo decodes a single unpadded prompt (batch size 1)"
+            )
 
     @torch.inference_mode()
     def encode(self, inputs: dict[str, Any]) -> Encoded:
@@ -106,7 +108,9 @@ class Qwen25VLAdapter(Adapter):
         else:  # text only: transformers uses plain 1-D positions
             positions, next_pos = torch.arange(ids.shape[0], device=dev).expand(3, -1), ids.shape[0]
         visual = VisualTokens(embeds=video, seq_index=video_pos, grids=grids)
-        return Encoded(input_ids=ids, embeds=embeds, positions=positions, visual=visual, next_position=next_pos)
+        return Encoded(
+            input_ids=ids, embeds=embeds, positions=positions, visual=visual, next_position=next_pos
+        )
 
     @torch.inference_mode()
     def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> KVSession:

@@ -98,8 +98,13 @@ def synthetic_inputs(model, video: torch.Tensor, text_before: list[int], text_af
     pixels, grid = frames_to_pixel_values(video, vc.patch_size, vc.temporal_patch_size, vc.spatial_merge_size)
     n_video = int(grid.prod()) // vc.spatial_merge_size**2
     cfg = model.config
-    ids = [*text_before, cfg.vision_start_token_id, *[cfg.video_token_id] * n_video, cfg.vision_end_token_id,
-           *text_after]
+    ids = [
+        *text_before,
+        cfg.vision_start_token_id,
+        *[cfg.video_token_id] * n_video,
+        cfg.vision_end_token_id,
+        *text_after,
+    ]
     input_ids = torch.tensor([ids])
     return {
         "input_ids": input_ids,

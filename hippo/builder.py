@@ -57,7 +57,9 @@ class PipelineConfig:
     draft: str | None = None
     backbone: str = "auto"
     scorer: PartSpec | None = attrs.field(default=None, converter=_part)
-    selector: PartSpec = attrs.field(factory=lambda: PartSpec("uniform", {"keep_ratio": 0.1}), converter=_part)
+    selector: PartSpec = attrs.field(
+        factory=lambda: PartSpec("uniform", {"keep_ratio": 0.1}), converter=_part
+    )
     drafter: PartSpec = attrs.field(factory=lambda: PartSpec("chain"), converter=_part)
     verifier: PartSpec | None = attrs.field(default=None, converter=_part)
     scheduler: PartSpec = attrs.field(factory=lambda: PartSpec("serial", {"gamma": 5}), converter=_part)
@@ -82,20 +84,31 @@ class PipelineConfig:
             else:
                 data = json.loads(text)
         except ValueError as exc:
-            raise ConfigError(f"config file {str(p)!r} is not valid {p.suffix.lstrip('.') or 'JSON'}: {exc}") from exc
+            raise ConfigError(
+                f"config file {str(p)!r} is not valid {p.suffix.lstrip('.') or 'JSON'}: {exc}"
+            ) from exc
         return cls.from_dict(data)
 
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
 
 
-def load_model(path: str | os.PathLike, backbone: str = "auto", **kwargs: Any) -> tuple[torch.nn.Module, type]:
+def load_model(
+    path: str | os.PathLike, backbone: str = "auto", **kwargs: Any
+) -> tuple[torch.nn.Module, type]:
     """Load a checkpoint directory with `from_pretrained`, choosing the adapter by its config."""
     from transformers import AutoConfig
 
     p = Path(path)
     if not p.is_dir():
-        raise ModelError(f"checkpoint {str(p)!r} is not a directory; pass a local checkpoint directory or a model")
+        raise ModelError(
+            f"checkpoint {str(p)!r} is not a directory; pass a local checkpoint directory or a model"
+        )
     if not (p / "config.json").is_file():
         raise ModelError(f"checkpoint {str(p)!r} has no config.json; save it with save_pretrained()")
     if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
@@ -197,13 +210,21 @@ class PipelineBuilder:
         if isinstance(model, (str, os.PathLike)):
             model, cls = load_model(model, backbone or "auto", **self._load_kwargs[role])
         elif isinstance(model, torch.nn.Module):
-            cls = lookup("adapters", backbone, self._pm) if backbone else resolve_adapter(model.config, self._pm)
+            cls = (
+                lookup("adapters", backbone, self._pm)
+                if backbone
+                else resolve_adapter(model.config, self._pm)
+            )
         else:
-            raise ConfigError(f"{role} must be a transformers model or a checkpoint path, got {type(model).__name__}")
+            raise ConfigError(
+                f"{role} must be a transformers model or a checkpoint path, got {type(model).__name__}"
+            )
         device = self._device
         if device:
             if device.startswith("cuda") and not torch.cuda.is_available():
-                raise ConfigError(f"device {device!r} was asked for but CUDA is not available; use --device cpu")
+                raise ConfigError(
+                    f"device {device!r} was asked for but CUDA is not available; use --device cpu"
+                )
             model = model.to(device)
         model.eval()
         return cls(model)

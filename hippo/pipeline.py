@@ -78,7 +78,9 @@ class Pipeline:
             raise InputError("inputs must be the mapping a Hugging Face processor returns, with input_ids")
         ids = inputs["input_ids"]
         if ids.dim() != 2 or ids.shape[0] != 1:
-            raise InputError(f"hippo decodes one prompt at a time: input_ids must be [1, L], got {tuple(ids.shape)}")
+            raise InputError(
+                f"hippo decodes one prompt at a time: input_ids must be [1, L], got {tuple(ids.shape)}"
+            )
         prompt = ids[0].cpu()
         L = prompt.shape[0]
         ctx = self.target_adapter.context_length()
@@ -95,13 +97,17 @@ class Pipeline:
         policy = TokenPolicy.for_model(self.target, gc, prompt, gen)
         if streamer is not None:
             streamer.put(prompt)
-        job = DecodeJob(self, inputs, prompt, policy, self._verifier_for(gc.do_sample), max_new, eos, streamer)
+        job = DecodeJob(
+            self, inputs, prompt, policy, self._verifier_for(gc.do_sample), max_new, eos, streamer
+        )
         job.stats.scheduler = self.names.get("scheduler", type(self.scheduler).__name__)
         try:
             self.scheduler.run(job)
         finally:
             job.finish()
-        return GenerateOutput(sequences=job.prefix()[None].to(ids.device), stats=job.stats, kept_visual_index=job.kept)
+        return GenerateOutput(
+            sequences=job.prefix()[None].to(ids.device), stats=job.stats, kept_visual_index=job.kept
+        )
 
     def close(self) -> None:
         """Release the models and any workers; the pipeline cannot generate afterwards."""

@@ -34,7 +34,9 @@ def resolve_generation_config(
         )
     for field, ok in (("num_beams", 1), ("num_return_sequences", 1)):
         if (getattr(gc, field, 1) or 1) != ok:
-            raise UnsupportedError(f"{field}={getattr(gc, field)} is not supported; hippo decodes one sequence (use 1)")
+            raise UnsupportedError(
+                f"{field}={getattr(gc, field)} is not supported; hippo decodes one sequence (use 1)"
+            )
     for field in ("stop_strings", "prompt_lookup_num_tokens", "assistant_early_exit", "watermarking_config"):
         if getattr(gc, field, None):
             raise UnsupportedError(f"generation option {field} is not supported by hippo; remove it")
