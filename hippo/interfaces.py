@@ -7,6 +7,7 @@ V = vocabulary, T = tokens in the sequence so far (prompt + generated).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -95,6 +96,13 @@ class Scorer(Component):
     @abstractmethod
     def score(self, visual: VisualTokens, context: ScoringContext) -> torch.Tensor:  # -> [N] float
         ...
+
+    def observe_target_prefill(self, adapter: Adapter, encoded: Encoded) -> AbstractContextManager:
+        """Entered around the target's prefill, e.g. to capture per-layer text queries with hooks.
+
+        Whatever it records must not change the target's computation.
+        """
+        return nullcontext()
 
 
 class Selector(Component):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -91,8 +92,11 @@ class DecodeJob:
     def prefill_target(self) -> ModelSession:
         if self._target is None:
             encoded = self.target_encoded()
+            adapter, scorer = self.pipeline.target_adapter, self.pipeline.scorer
             t0 = time.perf_counter()
-            self._target = self.pipeline.target_adapter.prefill(encoded, keep=None)
+            observe = scorer.observe_target_prefill(adapter, encoded) if scorer is not None else nullcontext()
+            with observe:
+                self._target = adapter.prefill(encoded, keep=None)
             self.stats.seconds_target_prefill += time.perf_counter() - t0
         return self._target
 
