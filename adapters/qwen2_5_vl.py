@@ -78,11 +78,12 @@ class Qwen25VLAdapter(Adapter):
         embeds = core.get_input_embeddings()(ids)  # [L, D]
         video = torch.zeros(0, embeds.shape[-1], dtype=embeds.dtype, device=dev)
         grids: tuple[tuple[int, int, int], ...] = ()
+        extras: dict[str, Any] = {}
         video_pos = (ids == cfg.video_token_id).nonzero().flatten()
         if inputs.get("pixel_values_videos") is not None:
             thw = inputs["video_grid_thw"].to(dev)
-            feats = core.get_video_features(inputs["pixel_values_videos"].to(dev), thw).pooler_output
-            video = torch.cat(feats).to(embeds.dtype)
+            extras["video"] = core.get_video_features(inputs["pixel_values_videos"].to(dev), thw)
+            video = torch.cat(extras["video"].pooler_output).to(embeds.dtype)
             m = self.spatial_merge
             grids = tuple((int(t), int(h) // m, int(w) // m) for t, h, w in thw.tolist())
         if video.shape[0] != video_pos.shape[0]:
@@ -93,6 +94,7 @@ class Qwen25VLAdapter(Adapter):
         embeds = embeds.index_put((video_pos,), video)
         if inputs.get("pixel_values") is not None:  # images are passed through, never pruned
             feats = core.get_image_features(inputs["pixel_values"].to(dev), inputs["image_grid_thw"].to(dev))
+            extras["image"] = feats
             image_pos = (ids == cfg.image_token_id).nonzero().flatten()
             embeds = embeds.index_put((image_pos,), torch.cat(feats.pooler_output).to(embeds.dtype))
         mm_types = inputs.get("mm_token_type_ids")
@@ -109,20 +111,30 @@ class Qwen25VLAdapter(Adapter):
             positions, next_pos = torch.arange(ids.shape[0], device=dev).expand(3, -1), ids.shape[0]
         visual = VisualTokens(embeds=video, seq_index=video_pos, grids=grids)
         return Encoded(
-            input_ids=ids, embeds=embeds, positions=positions, visual=visual, next_position=next_pos
+            input_ids=ids,
+            embeds=embeds,
+            positions=positions,
+            visual=visual,
+            next_position=next_pos,
+            extras=extras,
         )
 
-    @torch.inference_mode()
-    def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> KVSession:
-        L = encoded.length
+    @staticmethod
+    def keep_mask(encoded: Encoded, keep: torch.Tensor | None) -> torch.Tensor | None:  # -> [L] bool
+        """Sequence rows the draft sees: every non-visual token plus the kept visual ones."""
         if keep is None:
-            embeds, positions = encoded.embeds, encoded.positions
-        else:
-            mask = torch.ones(L, dtype=torch.bool, device=encoded.embeds.device)
-            mask[encoded.visual.seq_index] = False
-            mask[encoded.visual.seq_index[keep.to(mask.device)]] = True
-            embeds, positions = encoded.embeds[mask], encoded.positions[:, mask]
-        cache = DynamicCache(config=self.model.config)
+            return None
+        mask = torch.ones(encoded.length, dtype=torch.bool, device=encoded.embeds.device)
+        mask[encoded.visual.seq_index] = False
+        mask[encoded.visual.seq_index[keep.to(mask.device)]] = True
+        return mask
+
+    def _prefill_logits(
+        self, encoded: Encoded, mask: torch.Tensor | None, cache: Any
+    ) -> torch.Tensor:  # -> [V]
+        embeds, positions = encoded.embeds, encoded.positions
+        if mask is not None:
+            embeds, positions = embeds[mask], positions[:, mask]
         out = self.model(
             inputs_embeds=embeds[None],
             position_ids=positions[:, None, :],
@@ -130,12 +142,19 @@ class Qwen25VLAdapter(Adapter):
             use_cache=True,
             logits_to_keep=1,
         )
+        return out.logits[0, -1]
+
+    @torch.inference_mode()
+    def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> KVSession:
+        L = encoded.length
+        cache = DynamicCache(config=self.model.config)
+        logits = self._prefill_logits(encoded, self.keep_mask(encoded, keep), cache)
         delta = encoded.next_position - L
 
         def decode_positions(start: int, k: int) -> torch.Tensor:  # -> [3, 1, k]
             return (torch.arange(start, start + k) + delta).view(1, 1, k).expand(3, 1, k)
 
-        return KVSession(self.model, cache, out.logits[0, -1], L, L, decode_positions)
+        return KVSession(self.model, cache, logits, L, L, decode_positions)
 
 
 @hookimpl

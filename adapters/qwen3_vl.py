@@ -1,0 +1,85 @@
+"""Qwen3-VL on the stock `Qwen3VLForConditionalGeneration`.
+
+Differences from Qwen2.5-VL that matter to pruning:
+- Deepstack: the vision tower also emits per-layer features that are added to the visual rows of
+  early decoder layers. The draft gets them pruned with the same kept indices, by handing the
+  model pruned `mm_encoder_outputs` together with input_ids from which the pruned video
+  placeholders are removed, so the model's own scatter and deepstack injection run unchanged.
+- Each frame is preceded by `<t seconds>` timestamp text and wrapped in vision start/end tokens.
+  Those are text: never scored, never pruned.
+- Kept tokens keep their original interleaved M-RoPE positions (explicit position_ids).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import Qwen3VLForConditionalGeneration
+from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+from hippo import hookimpl
+from hippo.interfaces import Encoded
+from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter
+
+
+def _prune(out: Any, keep: torch.Tensor | None) -> BaseModelOutputWithDeepstackFeatures:
+    """The vision output restricted to the kept visual tokens (all videos concatenated)."""
+    pooled = torch.cat(out.pooler_output)  # [N, D]
+    deep = [torch.cat(f) for f in out.deepstack_features]  # each [N, D]
+    if keep is not None:
+        keep = keep.to(pooled.device)
+        pooled, deep = pooled[keep], [f[keep] for f in deep]
+    return BaseModelOutputWithDeepstackFeatures(
+        pooler_output=(pooled,), deepstack_features=[(f,) for f in deep]
+    )
+
+
+class Qwen3VLAdapter(Qwen25VLAdapter):
+    name = "qwen3_vl"
+    model_types = ("qwen3_vl",)
+    model_class = Qwen3VLForConditionalGeneration
+
+    @classmethod
+    def tiny_model(cls, role: str = "target", *, seed: int = 0, dtype: torch.dtype = torch.float32):
+        from hippo_adapters.qwen3_vl_tiny import tiny_model
+
+        return tiny_model(role, seed=seed, dtype=dtype)
+
+    @classmethod
+    def synthetic_inputs(cls, model, video, text_before, text_after):
+        from hippo_adapters.qwen3_vl_tiny import synthetic_inputs
+
+        return synthetic_inputs(model, video, text_before, text_after)
+
+    def _prefill_logits(
+        self, encoded: Encoded, mask: torch.Tensor | None, cache: Any
+    ) -> torch.Tensor:  # -> [V]
+        ids, positions = encoded.input_ids, encoded.positions
+        if mask is not None:
+            ids, positions = ids[mask], positions[:, mask]
+        mm: dict[str, Any] = {}
+        if "video" in encoded.extras:
+            keep = None if mask is None else mask[encoded.visual.seq_index].nonzero().flatten()
+            mm["video"] = _prune(encoded.extras["video"], keep)
+        if "image" in encoded.extras:  # images are never pruned
+            mm["image"] = encoded.extras["image"]
+        out = self.model(
+            input_ids=ids[None],
+            mm_encoder_outputs=mm or None,
+            position_ids=positions[:, None, :],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[0, -1]
+
+
+@hookimpl
+def hippo_register_adapters():
+    return {Qwen3VLAdapter.name: Qwen3VLAdapter}
+
+
+@hookimpl
+def hippo_resolve_adapter(config):
+    return Qwen3VLAdapter if Qwen3VLAdapter.matches(config) else None
