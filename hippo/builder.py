@@ -127,6 +127,7 @@ class PipelineBuilder:
         self._models: dict[str, Any] = {"target": None, "draft": None}
         self._adapters: dict[str, str | None] = {"target": None, "draft": None}
         self._load_kwargs: dict[str, dict] = {"target": {}, "draft": {}}
+        self._adapter_options: dict[str, dict] = {"target": {}, "draft": {}}
         self._parts: dict[str, Any] = {}
         self._specs: dict[str, PartSpec | None] = {}
         self._device: str | None = None
@@ -135,19 +136,41 @@ class PipelineBuilder:
             self._set(kind, getattr(defaults, kind))
 
     # ---- models -----------------------------------------------------------------------------
-    def target(self, model: Any, *, backbone: str | None = None, **load_kwargs: Any) -> PipelineBuilder:
-        """The model whose output hippo reproduces: a transformers model or a checkpoint path."""
-        return self._model("target", model, backbone, load_kwargs)
+    def target(
+        self,
+        model: Any,
+        *,
+        backbone: str | None = None,
+        adapter_options: dict | None = None,
+        **load_kwargs: Any,
+    ) -> PipelineBuilder:
+        """The model whose output hippo reproduces: a transformers model or a checkpoint path.
 
-    def draft(self, model: Any, *, backbone: str | None = None, **load_kwargs: Any) -> PipelineBuilder:
+        `backbone` names the adapter (default: detected from the config), `adapter_options` go to
+        the adapter (e.g. `{"positions": "compact"}` for LLaVA-OneVision), and `load_kwargs` to
+        `from_pretrained`.
+        """
+        return self._model("target", model, backbone, adapter_options, load_kwargs)
+
+    def draft(
+        self,
+        model: Any,
+        *,
+        backbone: str | None = None,
+        adapter_options: dict | None = None,
+        **load_kwargs: Any,
+    ) -> PipelineBuilder:
         """The drafting model: a smaller model of the same family, a path, or the target itself."""
-        return self._model("draft", model, backbone, load_kwargs)
+        return self._model("draft", model, backbone, adapter_options, load_kwargs)
 
-    def _model(self, role: str, model: Any, backbone: str | None, load_kwargs: dict) -> PipelineBuilder:
+    def _model(
+        self, role: str, model: Any, backbone: str | None, options: dict | None, load_kwargs: dict
+    ) -> PipelineBuilder:
         if model is None:
             raise ConfigError(f"{role} must be a model or a checkpoint path, got None")
         self._models[role] = model
         self._adapters[role] = backbone
+        self._adapter_options[role] = dict(options or {})
         self._load_kwargs[role] = load_kwargs
         return self
 
@@ -227,7 +250,12 @@ class PipelineBuilder:
                 )
             model = model.to(device)
         model.eval()
-        return cls(model)
+        try:
+            return cls(model, **self._adapter_options[role])
+        except TypeError as exc:
+            raise ConfigError(
+                f"{role} adapter {cls.name!r} does not take options {self._adapter_options[role]}: {exc}"
+            ) from exc
 
     def build(self) -> Pipeline:
         if self._models["target"] is None:
@@ -241,7 +269,8 @@ class PipelineBuilder:
                     f"scheduler {self._specs['scheduler'].name!r} needs a draft model: call .draft(...) "
                     "(pass the target itself for self-speculation)"
                 )
-            draft = target if self._models["draft"] is self._models["target"] else self._adapter("draft")
+            same = self._models["draft"] is self._models["target"] and not self._adapter_options["draft"]
+            draft = target if same else self._adapter("draft")
             if draft.vocab_size() != target.vocab_size():
                 raise ModelError(
                     f"draft vocabulary ({draft.vocab_size()}) differs from the target's ({target.vocab_size()}); "

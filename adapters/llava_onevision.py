@@ -1,0 +1,129 @@
+"""LLaVA-OneVision on the stock `LlavaOnevisionForConditionalGeneration`.
+
+Each video frame is pooled to a ceil(h/2) x ceil(w/2) patch grid (14x14 = 196 tokens at the released
+resolution), and one learned newline token closes each video. Frame tokens are the visual tokens
+that are scored and pruned; the newline is kept like text. Positions are 1-D:
+- `positions="original"` (default): kept tokens keep their original positions, leaving gaps, and
+  decoding continues at the full prompt's length;
+- `positions="compact"`: the draft's kept tokens are renumbered 0..L'-1 and decoding continues at L'.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from transformers import DynamicCache, LlavaOnevisionForConditionalGeneration
+
+from hippo import hookimpl
+from hippo.errors import ConfigError, InputError
+from hippo.interfaces import Adapter, Encoded
+from hippo.session import KVSession
+from hippo.types import VisualTokens
+
+POSITIONS = ("original", "compact")
+
+
+class LlavaOnevisionAdapter(Adapter):
+    name = "llava_onevision"
+    model_types = ("llava_onevision",)
+    model_class = LlavaOnevisionForConditionalGeneration
+
+    def __init__(self, model: torch.nn.Module, positions: str = "original"):
+        super().__init__(model)
+        if positions not in POSITIONS:
+            raise ConfigError(f"positions must be one of {', '.join(POSITIONS)}, got {positions!r}")
+        self.positions = positions
+
+    @classmethod
+    def tiny_model(cls, role: str = "target", *, seed: int = 0, dtype: torch.dtype = torch.float32):
+        from hippo_adapters.llava_onevision_tiny import tiny_model
+
+        return tiny_model(role, seed=seed, dtype=dtype)
+
+    @classmethod
+    def synthetic_inputs(cls, model, video, text_before, text_after):
+        from hippo_adapters.llava_onevision_tiny import synthetic_inputs
+
+        return synthetic_inputs(model, video, text_before, text_after)
+
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def context_length(self) -> int:
+        return int(self.model.config.get_text_config().max_position_embeddings)
+
+    def frame_grid(self) -> tuple[int, int]:
+        side = self.model.config.vision_config.image_size // self.model.config.vision_config.patch_size
+        return math.ceil(side / 2), math.ceil(side / 2)
+
+    @torch.inference_mode()
+    def encode(self, inputs: dict[str, Any]) -> Encoded:
+        if "input_ids" not in inputs:
+            raise InputError("inputs have no input_ids; pass the mapping the model's processor returns")
+        cfg, dev = self.model.config, self.device
+        ids = inputs["input_ids"][0].to(dev)
+        embeds = self.model.get_input_embeddings()(ids)  # [L, D]
+        slots = (ids == cfg.video_token_id).nonzero().flatten()
+        visual_idx, grids = [], []
+        if inputs.get("pixel_values_videos") is not None:
+            pv = inputs["pixel_values_videos"].to(dev, self.model.dtype)  # [B_videos, T, 3, H, W]
+            out = self.model.model.get_video_features(
+                pv,
+                vision_feature_layer=cfg.vision_feature_layer,
+                vision_feature_select_strategy=cfg.vision_feature_select_strategy,
+            ).pooler_output  # [B_videos, T*h*w + 1, D]
+            if out.shape[0] * out.shape[1] != slots.shape[0]:
+                raise InputError(
+                    f"the prompt has {slots.shape[0]} video tokens but the videos encode to "
+                    f"{out.shape[0] * out.shape[1]}; build input_ids and pixel values with the same processor call"
+                )
+            embeds = embeds.index_put((slots,), out.reshape(-1, out.shape[-1]).to(embeds.dtype))
+            h, w = self.frame_grid()
+            per_video = out.shape[1]
+            for v in range(out.shape[0]):
+                block = slots[v * per_video : (v + 1) * per_video]
+                visual_idx.append(block[:-1])  # the trailing newline is not a visual token
+                grids.append((pv.shape[1], h, w))
+        seq_index = torch.cat(visual_idx) if visual_idx else torch.zeros(0, dtype=torch.long, device=dev)
+        visual = VisualTokens(embeds=embeds[seq_index], seq_index=seq_index, grids=tuple(grids))
+        L = ids.shape[0]
+        positions = torch.arange(L, device=dev)[None]
+        return Encoded(input_ids=ids, embeds=embeds, positions=positions, visual=visual, next_position=L)
+
+    @torch.inference_mode()
+    def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> KVSession:
+        L = encoded.length
+        embeds, positions = encoded.embeds, encoded.positions
+        if keep is not None:
+            mask = torch.ones(L, dtype=torch.bool, device=embeds.device)
+            mask[encoded.visual.seq_index] = False
+            mask[encoded.visual.seq_index[keep.to(mask.device)]] = True
+            embeds, positions = embeds[mask], positions[:, mask]
+            if self.positions == "compact":
+                positions = torch.arange(embeds.shape[0], device=embeds.device)[None]
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            inputs_embeds=embeds[None],
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        delta = int(positions[0, -1]) + 1 - L
+
+        def decode_positions(start: int, k: int) -> torch.Tensor:  # -> [1, k]
+            return (torch.arange(start, start + k) + delta)[None]
+
+        return KVSession(self.model, cache, out.logits[0, -1], L, L, decode_positions)
+
+
+@hookimpl
+def hippo_register_adapters():
+    return {LlavaOnevisionAdapter.name: LlavaOnevisionAdapter}
+
+
+@hookimpl
+def hippo_resolve_adapter(config):
+    return LlavaOnevisionAdapter if LlavaOnevisionAdapter.matches(config) else None
