@@ -1,0 +1,99 @@
+"""Pruning bookkeeping, checked directly: what the draft's prefill really receives, and where.
+
+For each backbone: the draft's KV cache holds exactly (prompt - pruned visual) entries, the kept
+visual rows carry the adapter's promised positions, and decoding continues at the full prompt's next
+position. Also: every backbone's checkpoint loads back through `from_pretrained(local_dir)`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hippo
+from hippo.registry import lookup
+
+BACKBONES = {
+    "qwen2_5_vl": (4, 56, 84),
+    "qwen3_vl": (4, 64, 96),
+    "llava_onevision": (3, 112, 112),
+}
+
+
+def _setup(name: str):
+    cls = lookup("adapters", name)
+    model = cls.tiny_model("target", seed=0, dtype=torch.float64)
+    t, h, w = BACKBONES[name]
+    inputs = cls.synthetic_inputs(
+        model, torch.rand(t, h, w, 3, generator=torch.Generator().manual_seed(0)), [1, 10, 11], [13, 14, 15]
+    )
+    return cls, model, inputs
+
+
+@pytest.mark.parametrize("name", sorted(BACKBONES))
+def test_draft_prefill_sees_exactly_the_kept_tokens(name, monkeypatch):
+    cls, model, inputs = _setup(name)
+    adapter = cls(model)
+    enc = adapter.encode(inputs)
+    n, L = enc.visual.n, enc.length
+    assert n > 4 and enc.visual.embeds.shape[0] == n
+    keep = torch.tensor([0, 2, n - 1])
+    seen = {}
+    original = model.forward
+
+    def spy(*args, **kwargs):
+        if kwargs.get("past_key_values") is not None and kwargs["past_key_values"].get_seq_length() == 0:
+            seen.update(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
+    session = adapter.prefill(enc, keep)
+    monkeypatch.undo()
+    # the cache holds every text/timestamp/newline token plus exactly the 3 kept visual tokens
+    assert session.cache.get_seq_length() == L - n + 3
+    assert session.length == L  # logical length is the full prompt's
+    pos = seen["position_ids"]
+    rows = torch.ones(L, dtype=torch.bool)
+    rows[enc.visual.seq_index] = False
+    rows[enc.visual.seq_index[keep]] = True
+    expected = enc.positions[:, rows]
+    assert torch.equal(pos.reshape(pos.shape[0], -1), expected)  # original positions kept
+    if "input_ids" in seen and seen["input_ids"] is not None:  # Qwen3-VL: pruned placeholders removed
+        assert torch.equal(seen["input_ids"][0], enc.input_ids[rows])
+        ds = seen["mm_encoder_outputs"]["video"].deepstack_features
+        full = [torch.cat(f) for f in enc.extras["video"].deepstack_features]
+        assert all(torch.equal(d[0], f[keep]) for d, f in zip(ds, full))
+    else:
+        assert torch.equal(seen["inputs_embeds"][0], enc.embeds[rows])
+    # decoding continues at the full prompt's next position
+    nxt = session.positions(L, 1).reshape(-1)
+    assert bool((nxt == enc.next_position).all())
+
+
+def test_llava_compact_positions_renumber():
+    cls, model, inputs = _setup("llava_onevision")
+    adapter = cls(model, positions="compact")
+    enc = adapter.encode(inputs)
+    session = adapter.prefill(enc, torch.tensor([1, 3]))
+    kept_len = session.cache.get_seq_length()
+    assert int(session.positions(enc.length, 1)) == kept_len
+
+
+@pytest.mark.parametrize("name", sorted(BACKBONES))
+def test_from_pretrained_round_trip(name, tmp_path):
+    cls, model, inputs = _setup(name)
+    draft = cls.tiny_model("draft", seed=1, dtype=torch.float64)
+    model.save_pretrained(tmp_path / "target")
+    draft.save_pretrained(tmp_path / "draft")
+    ref = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    pipe = (
+        hippo.PipelineBuilder()
+        .target(str(tmp_path / "target"), dtype=torch.float64)
+        .draft(str(tmp_path / "draft"), dtype=torch.float64)
+        .selector("uniform", keep_ratio=0.5)
+        .scheduler("serial", gamma=3)
+        .build()
+    )
+    assert type(pipe.target_adapter).name == name  # detected from the saved config
+    out = pipe.generate(inputs, max_new_tokens=8, do_sample=False)
+    assert torch.equal(out.sequences, ref)
