@@ -1,0 +1,92 @@
+"""Reading videos (and their audio) with decord, with errors a user can act on."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import attrs
+import torch
+
+from hippo.errors import ConfigError, VideoError
+
+
+@attrs.frozen
+class VideoClip:
+    frames: torch.Tensor  # [T, H, W, 3] uint8
+    timestamps: torch.Tensor  # [T] seconds
+    fps: float  # the file's average frame rate
+    indices: tuple[int, ...]  # the sampled frame numbers
+
+
+def _open(path: str | os.PathLike):
+    import decord
+
+    p = Path(path)
+    if not p.exists():
+        raise VideoError(f"video file {str(p)!r} does not exist; check the path")
+    if not p.is_file():
+        raise VideoError(f"{str(p)!r} is not a file; pass a video file such as an .mp4")
+    try:
+        return decord.VideoReader(str(p), ctx=decord.cpu(0))
+    except Exception as exc:  # decord raises bare RuntimeErrors/DECORDErrors
+        raise VideoError(
+            f"cannot decode {str(p)!r} as a video (corrupt, truncated, or not a video container); "
+            f"re-encode it, e.g. `ffmpeg -i in -c:v libx264 out.mp4` ({str(exc).splitlines()[0][:120]})"
+        ) from None
+
+
+def sample_indices(
+    n_frames: int, fps: float, frames: int | None = None, sample_fps: float | None = None
+) -> list[int]:
+    """Frame numbers to decode: `frames` evenly spaced, or one every 1/`sample_fps` seconds (default 2 fps)."""
+    if frames is not None and sample_fps is not None:
+        raise ConfigError("choose frames by count or by fps, not both")
+    if frames is not None and frames < 1:
+        raise ConfigError(f"frames must be >= 1, got {frames}")
+    if sample_fps is not None and sample_fps <= 0:
+        raise ConfigError(f"fps must be > 0, got {sample_fps}")
+    if frames is None:
+        duration = n_frames / fps if fps > 0 else n_frames
+        frames = max(1, math.floor(duration * (sample_fps or 2.0)))
+    frames = min(frames, n_frames)
+    return sorted({min(n_frames - 1, int((i + 0.5) * n_frames / frames)) for i in range(frames)})
+
+
+def read_video(path: str | os.PathLike, *, frames: int | None = None, fps: float | None = None) -> VideoClip:
+    """Decode sampled frames of a video file as uint8 RGB."""
+    vr = _open(path)
+    n = len(vr)
+    if n == 0:
+        raise VideoError(f"video {str(path)!r} has zero frames; nothing to describe")
+    rate = float(vr.get_avg_fps() or 0.0)
+    idx = sample_indices(n, rate, frames, fps)
+    try:
+        batch = torch.from_numpy(vr.get_batch(idx).asnumpy())
+    except Exception as exc:
+        raise VideoError(
+            f"decoding frames of {str(path)!r} failed; the file may be truncated ({exc})"
+        ) from None
+    stamps = torch.tensor(idx, dtype=torch.float64) / (rate if rate > 0 else 1.0)
+    return VideoClip(frames=batch, timestamps=stamps, fps=rate, indices=tuple(idx))
+
+
+def read_audio(path: str | os.PathLike, *, sample_rate: int = 16000) -> torch.Tensor:  # -> [S] float32 mono
+    """The file's audio track, resampled to mono at `sample_rate` Hz (Whisper uses 16 kHz)."""
+    import decord
+
+    p = Path(path)
+    if not p.is_file():
+        raise VideoError(f"media file {str(p)!r} does not exist; check the path")
+    try:
+        ar = decord.AudioReader(str(p), ctx=decord.cpu(0), sample_rate=sample_rate, mono=True)
+    except Exception:
+        raise VideoError(
+            f"{str(p)!r} has no readable audio track, but this backbone needs audio; pass a video with "
+            "sound, or disable audio for this run"
+        ) from None
+    samples = torch.from_numpy(ar[:].asnumpy()).float().reshape(-1)
+    if samples.numel() == 0:
+        raise VideoError(f"the audio track of {str(p)!r} is empty")
+    return samples
