@@ -41,6 +41,11 @@ def hippo_register_schedulers() -> dict[str, type]:
 
 
 @hookspec
+def hippo_register_executors() -> dict[str, type]:
+    """Return {name: Executor subclass} (where and when the draft runs)."""
+
+
+@hookspec
 def hippo_register_adapters() -> dict[str, type]:
     """Return {name: Adapter subclass}."""
 

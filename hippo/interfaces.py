@@ -7,6 +7,7 @@ V = vocabulary, T = tokens in the sequence so far (prompt + generated).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -62,7 +63,7 @@ class ModelSession(ABC):
     length: int
     prompt_length: int
     generated: list[int]  # tokens consumed after the prompt, in order
-    last_logits: torch.Tensor  # [V] logits after the last consumed token
+    last_logits: torch.Tensor | None  # [V] logits after the last consumed token (None after a rollback)
     seconds_decode: float = 0.0
 
     @abstractmethod
@@ -84,6 +85,9 @@ class ModelSession(ABC):
         self.rollback(self.prompt_length + common)
         if common < len(new):
             self.forward(torch.tensor(new[common:], dtype=torch.long))
+        elif self.last_logits is None:  # rolled back onto a token whose logits were dropped: redo it
+            self.rollback(self.prompt_length + common - 1)
+            self.forward(torch.tensor(new[common - 1 : common], dtype=torch.long))
         return self.last_logits
 
     def close(self) -> None:  # noqa: B027 - optional hook
@@ -131,7 +135,9 @@ class Drafter(Component):
         prefix: torch.Tensor,  # [T] long: prompt + accepted tokens
         gamma: int,
         policy: TokenPolicy,
-    ) -> DraftProposal: ...
+        should_stop: Callable[[], bool] | None = None,
+    ) -> DraftProposal:
+        """Draft up to γ tokens; if `should_stop()` turns true, return the tokens drafted so far."""
 
 
 class Verifier(Component):
@@ -144,7 +150,7 @@ class Verifier(Component):
     def verify(
         self,
         proposal: DraftProposal,  # tokens [γ], q [γ, V] | None
-        p_logits: torch.Tensor,  # [γ+1, V] processed target logits p_0..p_γ
+        p_logits: torch.Tensor,  # [γ+1, V] processed target logits p_0..p_γ ([γ, V]: no bonus)
         policy: TokenPolicy,
     ) -> Verdict: ...
 
@@ -158,6 +164,9 @@ class Scheduler(Component):
     @abstractmethod
     def run(self, job: DecodeJob) -> None:
         """Drive `job` until `job.done`, emitting tokens through `job.emit`."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release workers (processes, streams) held across generate calls."""
 
 
 @attrs.frozen

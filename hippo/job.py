@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hippo.interfaces import ModelSession, ScoringContext, Verifier
+from hippo.interfaces import ModelSession, Scorer, ScoringContext, Verifier
 from hippo.types import DraftProposal, Stats, Verdict
 
 if TYPE_CHECKING:
@@ -100,19 +100,24 @@ class DecodeJob:
             self.stats.seconds_target_prefill += time.perf_counter() - t0
         return self._target
 
+    def select(self, scorer: Scorer | None) -> torch.Tensor:  # -> [K] kept visual indices
+        """Score with `scorer` (reading the target's prefill if it is done) and apply the selector."""
+        encoded = self.target_encoded()
+        t0 = time.perf_counter()
+        p = self.pipeline
+        scores = None
+        if scorer is not None:
+            ctx = ScoringContext(adapter=p.target_adapter, encoded=encoded, target=self._target)
+            scores = scorer.score(encoded.visual, ctx)
+        keep = p.selector.select(encoded.visual, scores, self.policy.generator)
+        self.stats.seconds_pruning += time.perf_counter() - t0
+        self.stats.kept_visual_tokens = int(keep.shape[0])
+        return keep
+
     def prune(self) -> torch.Tensor:  # -> [K] kept visual indices
-        """Score and select the visual tokens the draft keeps (uses the target's prefill if done)."""
+        """The pipeline's pruning (scorer + selector), computed once per job."""
         if self.kept is None:
-            encoded = self.target_encoded()
-            t0 = time.perf_counter()
-            p = self.pipeline
-            scores = None
-            if p.scorer is not None:
-                ctx = ScoringContext(adapter=p.target_adapter, encoded=encoded, target=self._target)
-                scores = p.scorer.score(encoded.visual, ctx)
-            self.kept = p.selector.select(encoded.visual, scores, self.policy.generator)
-            self.stats.seconds_pruning += time.perf_counter() - t0
-            self.stats.kept_visual_tokens = int(self.kept.shape[0])
+            self.kept = self.select(self.pipeline.scorer)
         return self.kept
 
     def prefill_draft(self) -> ModelSession:
@@ -131,22 +136,41 @@ class DecodeJob:
     # ---- one speculative round ------------------------------------------------------------
     def first_token(self, target: ModelSession) -> None:
         """Emit the token that follows the prompt, from the target's prefill logits."""
-        scores = self.policy.process(self.prefix(), target.last_logits[None])[0]
+        self.target_step(target)
+
+    def target_step(self, target: ModelSession) -> None:
+        """One plain autoregressive step of the target (it first consumes any pending tokens)."""
+        prefix = self.prefix()
+        scores = self.policy.process(prefix, target.sync(prefix)[None])[0]
         self.emit([self.policy.choose(scores)])
 
-    def verify_round(self, target: ModelSession, proposal: DraftProposal) -> Verdict:
-        """Score [pending..., x_1..x_γ] with the target in one pass, verify, emit, and crop its cache."""
+    def verify_round(self, target: ModelSession, proposal: DraftProposal, bonus: bool = True) -> Verdict:
+        """Score the draft tokens with the target in one pass, verify, emit, and crop the target's cache.
+
+        The target first consumes any accepted tokens it has not seen. With `bonus=False` a fully
+        accepted round emits no bonus token: the target keeps p_γ (its `last_logits`) to check the
+        next draft token, as PEARL's post-verify mode does.
+        """
         prefix = self.prefix()
-        pending = prefix[target.length :]  # accepted tokens the target has not consumed (>= 1)
-        fed = torch.cat([pending, proposal.tokens.cpu()])
-        logits = target.forward(fed)[-(proposal.gamma + 1) :]  # p_0..p_γ
-        scores = self.policy.process(torch.cat([prefix, proposal.tokens.cpu()]), logits)
+        pending = prefix[target.length :]  # accepted tokens the target has not consumed
+        if pending.numel():
+            logits = target.forward(torch.cat([pending, proposal.tokens.cpu()]))[-(proposal.gamma + 1) :]
+        else:  # the target already holds the whole prefix: p_0 is its last logits
+            p0 = target.sync(prefix)[None]
+            rest = [target.forward(proposal.tokens.cpu())] if proposal.gamma else []
+            logits = torch.cat([p0, *rest])
+        if not bonus:
+            logits = logits[:-1]
+        scores = self.policy.process(
+            torch.cat([prefix, proposal.tokens.cpu()])[: prefix.shape[0] + logits.shape[0] - 1], logits
+        )
         verdict = self.verifier.verify(proposal, scores, self.policy)
         target.rollback(prefix.shape[0] + verdict.n_accepted)
         self.stats.rounds += 1
         self.stats.accepted_per_round.append(verdict.n_accepted)
         self.stats.drafted_per_round.append(proposal.gamma)
-        self.emit([*proposal.tokens[: verdict.n_accepted].tolist(), verdict.next_token])
+        extra = [] if verdict.next_token is None else [verdict.next_token]
+        self.emit([*proposal.tokens[: verdict.n_accepted].tolist(), *extra])
         return verdict
 
     def finish(self) -> None:

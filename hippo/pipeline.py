@@ -111,6 +111,8 @@ class Pipeline:
 
     def close(self) -> None:
         """Release the models and any workers; the pipeline cannot generate afterwards."""
+        if not self._closed:
+            self.scheduler.close()
         self._closed = True
         self.target_adapter = self.draft_adapter = None
 

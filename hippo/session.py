@@ -37,6 +37,7 @@ class KVSession(ModelSession):
     ):
         self.model = model
         self.cache = cache
+        self.prompt_logits = last_logits
         self.last_logits = last_logits
         self.length = length
         self.prompt_length = prompt_length
@@ -71,6 +72,8 @@ class KVSession(ModelSession):
             self.cache.crop(-drop)
             self.length = length
             del self.generated[length - self.prompt_length :]
+            # logits after an earlier token are not kept: only the prompt's are known again
+            self.last_logits = self.prompt_logits if length == self.prompt_length else None
 
     def close(self) -> None:
         self.cache = None

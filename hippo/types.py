@@ -66,11 +66,12 @@ class DraftProposal:
 class Verdict:
     """The verifier's decision: the first `n_accepted` draft tokens stand, then `next_token`.
 
-    `next_token` is the recovered token (after a reject) or the bonus token (all γ accepted).
+    `next_token` is the recovered token (after a reject) or the bonus token (all γ accepted); it is
+    None when all γ were accepted and the caller asked for no bonus token.
     """
 
     n_accepted: int
-    next_token: int
+    next_token: int | None
 
 
 @attrs.define
@@ -90,6 +91,8 @@ class Stats:
     seconds_target_decode: float = 0.0
     seconds_draft_prefill: float = 0.0
     seconds_draft_decode: float = 0.0
+    seconds_draft_overlapped: float = 0.0  # draft work done while the target was busy (hidden)
+    fallback: bool = False  # the draft failed and the target finished alone
     scheduler: str = ""
     notes: list[str] = attrs.Factory(list)
 
@@ -110,6 +113,11 @@ class Stats:
         return self.new_tokens / self.seconds_total if self.seconds_total > 0 else 0.0
 
     @property
+    def draft_hidden_fraction(self) -> float:
+        """Share of the draft's time that overlapped the target's (paper Table 2: "overlapped")."""
+        return self.seconds_draft_overlapped / self.seconds_draft if self.seconds_draft > 0 else 0.0
+
+    @property
     def seconds_draft(self) -> float:
         return self.seconds_draft_prefill + self.seconds_draft_decode
 
@@ -125,6 +133,7 @@ class Stats:
             tokens_per_second=self.tokens_per_second,
             seconds_draft=self.seconds_draft,
             seconds_target=self.seconds_target,
+            draft_hidden_fraction=self.draft_hidden_fraction,
         )
         return d
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hippo import hookimpl
@@ -19,6 +21,7 @@ class ChainDrafter(Drafter):
         prefix: torch.Tensor,  # [T]
         gamma: int,
         policy: TokenPolicy,
+        should_stop: Callable[[], bool] | None = None,
     ) -> DraftProposal:
         if gamma == 0:
             return DraftProposal(tokens=torch.zeros(0, dtype=torch.long))
@@ -34,6 +37,8 @@ class ChainDrafter(Drafter):
                 x = int(scores[0].argmax())
             tokens.append(x)
             seq = torch.cat([seq, torch.tensor([x])])
+            if should_stop is not None and should_stop():
+                break
             if i + 1 < gamma:
                 logits = session.forward(torch.tensor([x]))[-1]
         q = torch.stack(qs) if qs else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import attrs
-import torch
 
 from hippo import hookimpl
 from hippo.config import positive_int
@@ -18,11 +17,8 @@ class AutoregressiveScheduler(Scheduler):
 
     def run(self, job: DecodeJob) -> None:
         target = job.prefill_target()
-        job.first_token(target)
         while not job.done:
-            logits = target.forward(torch.tensor(job.tokens[-1:]))  # [1, V]
-            scores = job.policy.process(job.prefix(), logits)[0]
-            job.emit([job.policy.choose(scores)])
+            job.target_step(target)
 
 
 class SerialScheduler(Scheduler):

@@ -1,0 +1,77 @@
+"""Executors decide *where and when* the draft runs next to the target; never *what* is emitted.
+
+The target always runs in the calling process and owns the output. The draft runs behind a
+`DraftWorker`, which a parallel scheduler drives asynchronously:
+
+    worker.prefill(keep)          # start the draft's (pruned) prefill
+    worker.submit(prefix, γ)      # start drafting γ tokens after `prefix`
+    ... target work via executor.target(...) ...
+    worker.stop()                 # optional: end the in-flight drafting early
+    proposal = worker.collect()   # wait for it (holds the tokens drafted so far)
+
+Any failure of the draft side surfaces as `DraftFailure`; schedulers then finish with the target alone.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from hippo.errors import HippoError
+from hippo.interfaces import Component
+
+if TYPE_CHECKING:
+    from hippo.job import DecodeJob
+    from hippo.types import DraftProposal
+
+T = TypeVar("T")
+
+
+class DraftFailure(HippoError):
+    """The draft died, hung past its timeout, or raised; generation continues with the target alone."""
+
+
+class DraftWorker(ABC):
+    """The draft model with its own KV cache, possibly in another process. One request in flight."""
+
+    seconds_prefill: float = 0.0
+    seconds_decode: float = 0.0
+    #: seconds the draft spent working while the target was also working (hidden draft time)
+    seconds_overlapped: float = 0.0
+
+    @abstractmethod
+    def prefill(self, keep: torch.Tensor | None) -> None:  # keep [K] kept visual indices
+        """Start (or restart) the draft's prefill on the kept visual tokens."""
+
+    @abstractmethod
+    def submit(self, prefix: torch.Tensor, gamma: int) -> None:  # prefix [T]
+        """Start drafting γ tokens that continue `prefix`."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Ask the in-flight drafting to end as soon as possible."""
+
+    @abstractmethod
+    def collect(self) -> DraftProposal:
+        """Wait for the in-flight drafting; after `stop()` it may hold fewer than γ tokens."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the job's draft state."""
+
+
+class Executor(Component):
+    """Places the draft (a `DraftWorker`) and times the target's work."""
+
+    @abstractmethod
+    def open(self, job: DecodeJob) -> DraftWorker:
+        """A worker for this job's draft (inputs, sampling policy, drafter)."""
+
+    def target(self, kind: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one piece of target work in this process; `kind` is "prefill" or "verify"."""
+        return fn(*args, **kwargs)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Shut down workers (processes, streams)."""

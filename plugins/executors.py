@@ -1,0 +1,167 @@
+"""In-process executors: `inline` (one after the other) and `simulated` (a virtual clock).
+
+`simulated` computes exactly what `inline` computes, but charges every forward a chosen virtual
+duration, so a test can force any interleaving of draft and target (how many tokens the draft has
+buffered when the target finishes its prefill, how far a drafting got before an abort) and check
+that the output never depends on it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import torch
+
+from hippo import hookimpl
+from hippo.executor import DraftWorker, Executor
+from hippo.job import DecodeJob
+from hippo.types import DraftProposal
+
+
+def _positive(instance, attribute, value) -> None:
+    if not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{attribute.name} must be a positive number of (virtual) seconds, got {value!r}")
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length of the intersection of two sets of [start, end) intervals."""
+    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
+
+
+class LocalDraftWorker(DraftWorker):
+    """The draft in this process. Drafting runs at `submit`; `stop` only trims (see subclasses)."""
+
+    def __init__(self, job: DecodeJob):
+        self.job = job
+        self.session = None
+        self._encoded = None
+        self._pending: DraftProposal | None = None
+
+    def _encode(self):
+        if self._encoded is None:
+            p = self.job.pipeline
+            same = p.draft_adapter.model is p.target_adapter.model
+            self._encoded = self.job.target_encoded() if same else p.draft_adapter.encode(self.job.inputs)
+        return self._encoded
+
+    def prefill(self, keep: torch.Tensor | None) -> None:
+        t0 = time.perf_counter()
+        if self.session is not None:
+            self.session.close()
+        self.session = self.job.pipeline.draft_adapter.prefill(self._encode(), keep)
+        self.seconds_prefill += time.perf_counter() - t0
+
+    def _draft(self, prefix: torch.Tensor, gamma: int) -> DraftProposal:
+        before = self.session.seconds_decode
+        prop = self.job.pipeline.drafter.propose(self.session, prefix, gamma, self.job.policy)
+        self.seconds_decode += self.session.seconds_decode - before
+        return prop
+
+    def submit(self, prefix: torch.Tensor, gamma: int) -> None:
+        self._pending = self._draft(prefix, gamma)
+
+    def stop(self) -> None:
+        pass
+
+    def collect(self) -> DraftProposal:
+        prop, self._pending = self._pending, None
+        return prop
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+
+
+class InlineExecutor(Executor):
+    """Draft and target in one process, one after the other: for debugging and single-device use."""
+
+    def open(self, job: DecodeJob) -> DraftWorker:
+        return LocalDraftWorker(job)
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.target_busy: list[tuple[float, float]] = []
+
+    def run_target(self, duration: float) -> None:
+        self.target_busy.append((self.now, self.now + duration))
+        self.now += duration
+
+
+class SimulatedDraftWorker(LocalDraftWorker):
+    """Drafts at `submit` like inline, then replays the work on the virtual clock.
+
+    Its seconds (prefill, decode, overlapped) are virtual, so they compare with each other.
+    """
+
+    def __init__(self, job: DecodeJob, cfg: SimulatedExecutor.Config, clock: VirtualClock):
+        super().__init__(job)
+        self.cfg, self.clock = cfg, clock
+        self.free_at = 0.0  # virtual time the draft finishes its queued work
+        self.busy: list[tuple[float, float]] = []
+        self._done_at: list[float] = []  # virtual completion time of each in-flight token
+        self._virtual = {"prefill": 0.0, "decode": 0.0}
+
+    def _work(self, start: float, duration: float, kind: str) -> None:
+        self.free_at = start + duration
+        self.busy.append((start, self.free_at))
+        self._virtual[kind] += duration
+
+    def prefill(self, keep: torch.Tensor | None) -> None:
+        super().prefill(keep)
+        self._work(max(self.free_at, self.clock.now), self.cfg.draft_prefill, "prefill")
+        self.seconds_prefill = self._virtual["prefill"]
+
+    def submit(self, prefix: torch.Tensor, gamma: int) -> None:
+        super().submit(prefix, gamma)
+        start = max(self.free_at, self.clock.now)
+        self._done_at = [start + (i + 1) * self.cfg.draft_forward for i in range(self._pending.gamma)]
+
+    def stop(self) -> None:
+        """Keep only the tokens finished by now on the virtual clock."""
+        done = sum(t <= self.clock.now for t in self._done_at)
+        prop = self._pending
+        if done < prop.gamma:
+            self._pending = DraftProposal(prop.tokens[:done], None if prop.q is None else prop.q[:done])
+            self._done_at = self._done_at[:done]
+
+    def collect(self) -> DraftProposal:
+        if self._done_at:
+            n = len(self._done_at)
+            self._work(self._done_at[-1] - n * self.cfg.draft_forward, n * self.cfg.draft_forward, "decode")
+            self.clock.now = max(self.clock.now, self._done_at[-1])  # waiting for the draft
+        self._done_at = []
+        self.seconds_decode = self._virtual["decode"]
+        self.seconds_overlapped = _overlap(self.busy, self.clock.target_busy)
+        return super().collect()
+
+
+class SimulatedExecutor(Executor):
+    """Inline computation on a virtual clock with chosen durations (virtual seconds)."""
+
+    @attrs.frozen
+    class Config:
+        target_prefill: float = attrs.field(default=10.0, validator=_positive)
+        target_forward: float = attrs.field(default=4.0, validator=_positive)
+        draft_prefill: float = attrs.field(default=2.0, validator=_positive)
+        draft_forward: float = attrs.field(default=1.0, validator=_positive)
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.clock = VirtualClock()
+
+    def open(self, job: DecodeJob) -> DraftWorker:
+        self.clock = VirtualClock()
+        return SimulatedDraftWorker(job, self.config, self.clock)
+
+    def target(self, kind: str, fn, *args, **kwargs):
+        out = fn(*args, **kwargs)
+        self.clock.run_target(self.config.target_prefill if kind == "prefill" else self.config.target_forward)
+        return out
+
+
+@hookimpl
+def hippo_register_executors():
+    return {"inline": InlineExecutor, "simulated": SimulatedExecutor}

@@ -1,0 +1,183 @@
+"""Parallel speculative decoding: `pearl` (PEARL adapted to video) and `hippo` (HIPPO's VPSD).
+
+Both alternate two modes (PEARL's pre-/post-verify; HIPPO's conservative/optimistic):
+- conservative: the draft makes x_1 alone; then the target checks x_1 *while* the draft makes
+  x_2..x_γ. A reject of x_1 discards them (`hippo` aborts the drafting at once, `pearl` waits for it).
+- optimistic: the target verifies the unverified batch x_1..x_γ *while* the draft makes the next
+  batch after it. All accepted: stay optimistic, and p_γ checks the next batch's first token
+  (no bonus token is drawn). A reject rolls both back and goes conservative.
+`hippo` adds the synchronous draft-target prefill: the draft prefills its pruned input and keeps
+drafting while the target is still prefilling; the target then verifies that buffer first.
+
+The attention score needs the target's prefill, but an early draft needs its kept indices before
+that prefill ends. `prune` resolves it:
+- "late": prune after the target's prefill with the pipeline's scorer (no early start);
+- "early": prune once, before the target's language-model prefill, with `early_scorer` (no attention);
+- "two_phase" (hippo's default): start with `early_scorer`, then re-prune with the pipeline's scorer
+  once the target's prefill is done and re-prefill the draft if the kept set changed.
+Executors decide where the draft runs; this module only decides what to ask and when.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import torch
+
+from hippo import hookimpl
+from hippo.config import positive_int
+from hippo.executor import DraftFailure, DraftWorker, Executor
+from hippo.interfaces import Scheduler, make_config
+from hippo.job import DecodeJob
+from hippo.registry import lookup
+from hippo.types import DraftProposal
+
+log = logging.getLogger("hippo")
+
+PRUNE = ("late", "early", "two_phase")
+
+
+def _cat(prefix: torch.Tensor, prop: DraftProposal) -> torch.Tensor:  # -> [T + γ]
+    return torch.cat([prefix, prop.tokens.cpu()])
+
+
+@attrs.frozen
+class ParallelConfig:
+    gamma: int = attrs.field(default=5, validator=positive_int)
+    auto_gamma: bool = False  # γ ≈ target verify time / draft step time, measured during the run
+    gamma_max: int = attrs.field(default=16, validator=positive_int)
+    executor: str = "inline"
+    executor_options: dict = attrs.field(factory=dict)
+    sync_prefill: bool = False
+    abort: bool = False
+    prune: str = attrs.field(default="late", validator=attrs.validators.in_(PRUNE))
+    early_scorer: str | None = None  # None: score-free early selection (the selector alone)
+    early_scorer_options: dict = attrs.field(factory=dict)
+    buffer_max: int = attrs.field(default=32, validator=positive_int)  # draft tokens buffered during prefill
+
+
+class ParallelScheduler(Scheduler):
+    Config = ParallelConfig
+
+    def __init__(self, config: ParallelConfig | None = None):
+        super().__init__(config)
+        cfg = self.config
+        self.executor: Executor = lookup("executors", cfg.executor).from_options(**cfg.executor_options)
+        self.early_scorer = None
+        if cfg.early_scorer is not None:
+            self.early_scorer = lookup("scorers", cfg.early_scorer).from_options(**cfg.early_scorer_options)
+
+    # ---- γ ------------------------------------------------------------------------------------
+    def _gamma(self, job: DecodeJob, worker: DraftWorker, target) -> int:
+        cfg = self.config
+        gamma = cfg.gamma
+        drafted = sum(job.stats.drafted_per_round)
+        if cfg.auto_gamma and drafted and target.forwards and worker.seconds_decode > 0:
+            per_draft = worker.seconds_decode / drafted
+            per_verify = target.seconds_decode / target.forwards
+            gamma = max(1, min(cfg.gamma_max, round(per_verify / per_draft)))
+        return max(1, min(gamma, job.remaining))
+
+    # ---- prefill ------------------------------------------------------------------------------
+    def _start(self, job: DecodeJob, worker: DraftWorker):
+        """Prefill both sides; returns (target session, unverified draft buffer or None)."""
+        cfg, ex = self.config, self.executor
+        if cfg.prune == "late":
+            target = ex.target("prefill", job.prefill_target)
+            worker.prefill(job.prune())
+            return target, None
+        job.target_encoded()  # the target's vision encoder: the visual tokens to score
+        early = job.select(self.early_scorer)
+        worker.prefill(early)
+        if cfg.sync_prefill:
+            worker.submit(job.prefix(), min(cfg.buffer_max, job.remaining))
+        target = ex.target("prefill", job.prefill_target)
+        buffer = None
+        if cfg.sync_prefill:
+            worker.stop()
+            buffer = worker.collect()
+        if cfg.prune == "two_phase":
+            late = job.prune()
+            if late.shape != early.shape or not torch.equal(late, early):
+                worker.prefill(late)
+        else:
+            job.kept = early
+        return target, (buffer if buffer is not None and buffer.gamma else None)
+
+    # ---- decoding -----------------------------------------------------------------------------
+    def _discard(self, worker: DraftWorker) -> None:
+        if self.config.abort:
+            worker.stop()
+        worker.collect()
+
+    def run(self, job: DecodeJob) -> None:
+        ex = self.executor
+        worker = ex.open(job)
+        target = None
+        try:
+            target, unverified = self._start(job, worker)
+            if unverified is None:
+                job.first_token(target)
+            while not job.done:
+                gamma = self._gamma(job, worker, target)
+                prefix = job.prefix()
+                if unverified is None:  # conservative / pre-verify
+                    worker.submit(prefix, 1)
+                    x1 = worker.collect()
+                    if gamma > 1:
+                        worker.submit(_cat(prefix, x1), gamma - 1)
+                    verdict = ex.target("verify", job.verify_round, target, x1, bonus=False)
+                    if gamma > 1:
+                        if verdict.n_accepted == x1.gamma and not job.done:
+                            rest = worker.collect()
+                            unverified = rest if rest.gamma else None
+                        else:
+                            self._discard(worker)
+                else:  # optimistic / post-verify
+                    worker.submit(_cat(prefix, unverified), gamma)
+                    verdict = ex.target("verify", job.verify_round, target, unverified, bonus=False)
+                    if verdict.n_accepted == unverified.gamma and not job.done:
+                        nxt = worker.collect()
+                        unverified = nxt if nxt.gamma else None
+                    else:
+                        self._discard(worker)
+                        unverified = None
+        except DraftFailure as exc:
+            log.warning("hippo: %s; finishing with the target alone (output unchanged)", exc)
+            job.stats.fallback = True
+            job.stats.notes.append(f"draft failed: {exc}")
+            if target is None:
+                target = job.prefill_target()
+            while not job.done:
+                job.target_step(target)
+        finally:
+            job.stats.seconds_draft_prefill += worker.seconds_prefill
+            job.stats.seconds_draft_decode += worker.seconds_decode
+            job.stats.seconds_draft_overlapped += worker.seconds_overlapped
+            worker.close()
+
+    def close(self) -> None:
+        self.executor.close()
+
+
+class PearlScheduler(ParallelScheduler):
+    """PEARL-video: pre-/post-verify switching; the target prefills first, drafts are never aborted."""
+
+    @classmethod
+    def from_options(cls, **options):
+        return cls(make_config(ParallelConfig, options, owner=cls.__name__))
+
+
+class HippoScheduler(ParallelScheduler):
+    """HIPPO's VPSD: PEARL + synchronous draft-target prefill + aborting rejected drafts."""
+
+    @classmethod
+    def from_options(cls, **options):
+        defaults = {"sync_prefill": True, "abort": True, "prune": "two_phase"}
+        return cls(make_config(ParallelConfig, {**defaults, **options}, owner=cls.__name__))
+
+
+@hookimpl
+def hippo_register_schedulers():
+    return {"pearl": PearlScheduler, "hippo": HippoScheduler}

@@ -1,0 +1,259 @@
+"""The `process` executor: the draft lives in its own process, on its own cores or device.
+
+Transport is torch.multiprocessing (spawn context): command and result queues, whose tensors travel
+through shared memory, and one shared integer that asks the in-flight drafting to stop. The child
+holds the draft model (shared, not copied), encodes the video with the draft's own vision tower,
+prefills on the kept visual tokens and drafts on request, reporting the wall-clock interval of every
+piece of work so the parent can measure how much draft time was hidden behind the target.
+
+The process starts on first use, is reused by later `generate` calls, and is shut down by
+`Pipeline.close()` or garbage collection (a weakref finaliser): no zombie is left behind. A draft
+that dies, raises, or does not answer within `timeout` seconds raises `DraftFailure`, and the
+scheduler finishes with the target alone.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+import traceback
+import weakref
+from typing import Any
+
+import attrs
+import torch
+import torch.multiprocessing as mp
+
+from hippo import hookimpl
+from hippo.config import positive_int
+from hippo.executor import DraftFailure, DraftWorker, Executor
+from hippo.job import DecodeJob
+from hippo.types import DraftProposal
+
+
+def _intervals_overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
+
+
+def _worker_main(model, adapter_cls, adapter_options, threads, cmd_q, res_q, stop_ticket) -> None:
+    """The draft process: serve ("job" | "prefill" | "propose" | "close") commands in order."""
+    torch.set_num_threads(threads)
+    from hippo.sampling import TokenPolicy
+
+    adapter = adapter_cls(model, **adapter_options)
+    state: dict[str, Any] = {}
+    while True:
+        cmd, ticket, payload = cmd_q.get()
+        if cmd == "close":
+            return
+        t0 = time.perf_counter()
+        try:
+            if cmd == "job":
+                inputs, processors, do_sample, seed, drafter = payload
+                gen = torch.Generator().manual_seed(seed)
+                state = {
+                    "inputs": inputs,
+                    "policy": TokenPolicy(processors, do_sample, gen),
+                    "drafter": drafter,
+                }
+                result: Any = None
+            elif cmd == "prefill":
+                if "encoded" not in state:
+                    state["encoded"] = adapter.encode(state["inputs"])
+                if state.get("session") is not None:
+                    state["session"].close()
+                state["session"] = adapter.prefill(state["encoded"], payload)
+                result = None
+            elif cmd == "propose":
+                prefix, gamma = payload
+
+                def should_stop(mine: int = ticket) -> bool:
+                    return stop_ticket.value == mine
+
+                prop = state["drafter"].propose(state["session"], prefix, gamma, state["policy"], should_stop)
+                result = (prop.tokens, prop.q)
+            else:
+                raise ValueError(f"unknown command {cmd!r}")
+            res_q.put(("ok", ticket, cmd, result, (t0, time.perf_counter())))
+        except Exception:
+            res_q.put(("error", ticket, cmd, traceback.format_exc(limit=8), (t0, time.perf_counter())))
+
+
+def _shutdown(proc, cmd_q) -> None:
+    if proc.is_alive():
+        try:
+            cmd_q.put(("close", -1, None))
+        except (OSError, ValueError):
+            pass
+        proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
+
+
+class _DraftProcess:
+    """The child process and its queues, owned by one ProcessExecutor."""
+
+    def __init__(self, model, adapter_cls, adapter_options: dict, threads: int):
+        ctx = mp.get_context("spawn")
+        self.cmd_q, self.res_q = ctx.Queue(), ctx.Queue()
+        self.stop_ticket = ctx.Value("q", -1, lock=False)
+        saved = os.environ.get("OMP_WAIT_POLICY")
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # spinning OpenMP threads starve the other process
+        try:
+            self.proc = ctx.Process(
+                target=_worker_main,
+                args=(model, adapter_cls, adapter_options, threads, self.cmd_q, self.res_q, self.stop_ticket),
+                daemon=True,
+                name="hippo-draft",
+            )
+            self.proc.start()
+        finally:
+            if saved is None:
+                os.environ.pop("OMP_WAIT_POLICY", None)
+            else:
+                os.environ["OMP_WAIT_POLICY"] = saved
+        self._finalizer = weakref.finalize(self, _shutdown, self.proc, self.cmd_q)
+        self.ticket = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def send(self, cmd: str, payload: Any) -> int:
+        if not self.alive:
+            raise DraftFailure(f"the draft process is not running (exit code {self.proc.exitcode})")
+        self.ticket += 1
+        self.cmd_q.put((cmd, self.ticket, payload))
+        return self.ticket
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+class ProcessDraftWorker(DraftWorker):
+    def __init__(self, executor: ProcessExecutor, job: DecodeJob):
+        self.ex, self.job = executor, job
+        self.dp = executor.process_for(job)
+        self.target_busy = executor.target_busy = []
+        self.draft_busy: list[tuple[float, float]] = []
+        self._inflight: int | None = None
+        seed = int(torch.randint(2**62, (), generator=job.policy.generator))
+        self.dp.send(
+            "job", (dict(job.inputs), job.policy.processors, job.policy.do_sample, seed, job.pipeline.drafter)
+        )
+
+    def _wait(self, ticket: int):
+        """Read results until `ticket`'s arrives; every other result is bookkeeping."""
+        deadline = time.monotonic() + self.ex.config.timeout
+        while True:
+            try:
+                status, t, cmd, result, span = self.dp.res_q.get(timeout=0.05)
+            except queue.Empty:
+                if not self.dp.alive:
+                    raise DraftFailure(
+                        f"the draft process died (exit code {self.dp.proc.exitcode})"
+                    ) from None
+                if time.monotonic() > deadline:
+                    self.dp.close()
+                    raise DraftFailure(
+                        f"the draft process gave no answer within {self.ex.config.timeout} s"
+                    ) from None
+                continue
+            if status == "error":
+                raise DraftFailure(f"the draft raised during {cmd}: {result.strip().splitlines()[-1]}")
+            self.draft_busy.append(span)
+            if cmd == "prefill":
+                self.seconds_prefill += span[1] - span[0]
+            elif cmd == "propose":
+                self.seconds_decode += span[1] - span[0]
+            if t == ticket:
+                self.seconds_overlapped = _intervals_overlap(self.draft_busy, self.target_busy)
+                return result
+
+    def prefill(self, keep: torch.Tensor | None) -> None:
+        self.dp.send("prefill", keep)
+
+    def submit(self, prefix: torch.Tensor, gamma: int) -> None:
+        self._inflight = self.dp.send("propose", (prefix, gamma))
+
+    def stop(self) -> None:
+        if self._inflight is not None:
+            self.dp.stop_ticket.value = self._inflight
+
+    def collect(self) -> DraftProposal:
+        ticket, self._inflight = self._inflight, None
+        tokens, q = self._wait(ticket)
+        return DraftProposal(tokens=tokens, q=q)
+
+    def close(self) -> None:
+        if self._inflight is not None and self.dp.alive:
+            self.stop()
+            try:
+                self.collect()
+            except DraftFailure:
+                pass
+        self.ex.restore_threads()
+
+
+class ProcessExecutor(Executor):
+    """Draft in a child process; each process gets `threads` CPU threads (one core per model on 2 cores)."""
+
+    @attrs.frozen
+    class Config:
+        threads: int = attrs.field(default=1, validator=positive_int)
+        timeout: float = attrs.field(default=120.0, validator=attrs.validators.gt(0))
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self._dp: _DraftProcess | None = None
+        self._key = None
+        self._saved_threads: int | None = None
+        self.target_busy: list[tuple[float, float]] = []
+
+    def process_for(self, job: DecodeJob) -> _DraftProcess:
+        adapter = job.pipeline.draft_adapter
+        key = (id(adapter.model), type(adapter))
+        if self._dp is None or not self._dp.alive or self._key != key:
+            if self._dp is not None:
+                self._dp.close()
+            options = {"positions": adapter.positions} if hasattr(adapter, "positions") else {}
+            self._dp = _DraftProcess(adapter.model, type(adapter), options, self.config.threads)
+            self._key = key
+        return self._dp
+
+    def open(self, job: DecodeJob) -> DraftWorker:
+        self._saved_threads = torch.get_num_threads()
+        torch.set_num_threads(self.config.threads)
+        try:
+            return ProcessDraftWorker(self, job)
+        except BaseException:
+            self.restore_threads()
+            raise
+
+    def restore_threads(self) -> None:
+        if self._saved_threads is not None:
+            torch.set_num_threads(self._saved_threads)
+            self._saved_threads = None
+
+    def target(self, kind: str, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.target_busy.append((t0, time.perf_counter()))
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._dp is None else self._dp.proc.pid
+
+    def close(self) -> None:
+        if self._dp is not None:
+            self._dp.close()
+            self._dp = None
+
+
+@hookimpl
+def hippo_register_executors():
+    return {"process": ProcessExecutor}
