@@ -1,0 +1,257 @@
+"""pearl and hippo: lossless on every executor, whatever the interleaving; fault tolerance; clean shutdown.
+
+The simulated executor lets hypothesis choose every forward's duration, which decides how many
+tokens the draft buffers during the target's prefill and how far an aborted drafting got.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import multiprocessing
+import os
+import signal
+import time
+
+import attrs
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hippo
+from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
+from hippo_plugins.drafters import ChainDrafter
+
+_MODELS: dict = {}
+
+
+def models():
+    if not _MODELS:
+        _MODELS["target"] = tiny_model("target", seed=0, dtype=torch.float64)
+        _MODELS["draft"] = tiny_model("draft", seed=1, dtype=torch.float64)
+    return _MODELS["target"], _MODELS["draft"]
+
+
+def make_inputs(frames: int, h: int, w: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    target, _ = models()
+    text = torch.randint(3, 140, (6,), generator=g).tolist()
+    return synthetic_inputs(target, torch.rand(frames, h, w, 3, generator=g), [1, *text[:3]], text[3:])
+
+
+def build(scheduler: str, self_spec: bool, keep_ratio: float = 0.3, **options):
+    target, draft = models()
+    return (
+        hippo.PipelineBuilder()
+        .target(target)
+        .draft(target if self_spec else draft)
+        .selector("uniform", keep_ratio=keep_ratio)
+        .scheduler(scheduler, **options)
+        .build()
+    )
+
+
+durations = st.floats(min_value=0.1, max_value=30.0, allow_nan=False)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(
+    scheduler=st.sampled_from(["pearl", "hippo"]),
+    prune=st.sampled_from(["late", "early", "two_phase"]),
+    self_spec=st.booleans(),
+    gamma=st.integers(1, 6),
+    auto_gamma=st.booleans(),
+    keep_ratio=st.sampled_from([0.1, 0.4, 1.0]),
+    timing=st.tuples(durations, durations, durations, durations),
+    grid=st.tuples(st.integers(1, 4), st.sampled_from([28, 56]), st.sampled_from([28, 56, 84])),
+    max_new=st.integers(1, 20),
+    seed=st.integers(0, 2**16),
+)
+def test_greedy_lossless_under_any_interleaving(
+    scheduler, prune, self_spec, gamma, auto_gamma, keep_ratio, timing, grid, max_new, seed
+):
+    target, _ = models()
+    inputs = make_inputs(*grid, seed)
+    tp, tf, dp, df = timing
+    executor_options = {"target_prefill": tp, "target_forward": tf, "draft_prefill": dp, "draft_forward": df}
+    pipe = build(
+        scheduler,
+        self_spec,
+        keep_ratio,
+        gamma=gamma,
+        auto_gamma=auto_gamma,
+        prune=prune,
+        executor="simulated",
+        executor_options=executor_options,
+    )
+    out = pipe.generate(inputs, max_new_tokens=max_new, do_sample=False)
+    ref = target.generate(**inputs, max_new_tokens=max_new, do_sample=False)
+    assert torch.equal(out.sequences, ref)
+    s = out.stats
+    assert s.new_tokens == ref.shape[1] - inputs["input_ids"].shape[1]
+    assert 0.0 <= s.draft_hidden_fraction <= 1.0 + 1e-9
+
+
+def test_sync_prefill_buffers_while_the_target_prefills():
+    """A slow target prefill lets hippo's draft buffer tokens that the target then verifies first."""
+    target, _ = models()
+    inputs = make_inputs(2, 56, 56, 0)
+    slow = {"target_prefill": 50.0, "target_forward": 5.0, "draft_prefill": 1.0, "draft_forward": 1.0}
+    out = build("hippo", True, 1.0, executor="simulated", executor_options=slow).generate(
+        inputs, max_new_tokens=30, do_sample=False
+    )
+    assert out.stats.drafted_per_round[0] == 30  # buffered up to the token budget during the prefill
+    fast = {**slow, "target_prefill": 0.5}
+    out2 = build("hippo", True, 1.0, executor="simulated", executor_options=fast).generate(
+        inputs, max_new_tokens=30, do_sample=False
+    )
+    assert torch.equal(out.sequences, out2.sequences)
+    assert out2.stats.drafted_per_round[0] < 30
+    assert out.stats.draft_hidden_fraction > 0.5  # the buffered drafting ran behind the prefill
+
+
+@pytest.mark.parametrize("scheduler", ["pearl", "hippo"])
+def test_sampling_is_seeded_and_stays_in_support(scheduler):
+    target, _ = models()
+    inputs = make_inputs(2, 56, 56, 1)
+    pipe = build(scheduler, False, executor="simulated")
+    a = pipe.generate(inputs, max_new_tokens=12, do_sample=True, top_k=5, seed=7)
+    b = pipe.generate(inputs, max_new_tokens=12, do_sample=True, top_k=5, seed=7)
+    assert torch.equal(a.sequences, b.sequences)
+
+
+# ---- the process executor -----------------------------------------------------------------------
+
+
+def children() -> set[int]:
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+@pytest.fixture
+def no_leaks():
+    before = children()
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while children() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not (children() - before), "draft processes were left running"
+
+
+@pytest.mark.parametrize("scheduler", ["pearl", "hippo"])
+def test_process_executor_is_lossless_and_reusable(scheduler, no_leaks):
+    target, _ = models()
+    inputs = make_inputs(3, 56, 84, 2)
+    ref = target.generate(**inputs, max_new_tokens=16, do_sample=False)
+    with build(scheduler, True, executor="process") as pipe:
+        for _ in range(2):  # the draft process is started once and reused
+            out = pipe.generate(inputs, max_new_tokens=16, do_sample=False)
+            assert torch.equal(out.sequences, ref)
+            assert not out.stats.fallback
+            assert out.stats.seconds_draft_decode > 0
+        pid = pipe.scheduler.executor.pid
+        assert pid is not None
+    assert pipe.scheduler.executor.pid is None
+
+
+def test_draft_process_killed_mid_generation(no_leaks, caplog, monkeypatch):
+    target, _ = models()
+    inputs = make_inputs(3, 56, 84, 3)
+    ref = target.generate(**inputs, max_new_tokens=20, do_sample=False)
+    pipe = build("hippo", True, executor="process")
+    from hippo_plugins import process_executor
+
+    calls = {"n": 0}
+    original = process_executor.ProcessDraftWorker.submit
+
+    def submit_then_die(self, prefix, gamma):
+        calls["n"] += 1
+        if calls["n"] == 4:  # a few rounds in: kill -9 the draft
+            os.kill(self.dp.proc.pid, signal.SIGKILL)
+        return original(self, prefix, gamma)
+
+    monkeypatch.setattr(process_executor.ProcessDraftWorker, "submit", submit_then_die)
+    with caplog.at_level(logging.WARNING, logger="hippo"):
+        out = pipe.generate(inputs, max_new_tokens=20, do_sample=False)
+    assert torch.equal(out.sequences, ref)  # accepted tokens kept, the target finished alone
+    assert out.stats.fallback and "draft" in out.stats.notes[0]
+    assert any("target alone" in r.message for r in caplog.records)
+    assert sum(out.stats.accepted_per_round) + out.stats.rounds > 0  # some rounds ran before the kill
+    monkeypatch.undo()
+    out2 = pipe.generate(inputs, max_new_tokens=20, do_sample=False)  # a fresh draft process
+    assert torch.equal(out2.sequences, ref) and not out2.stats.fallback
+    pipe.close()
+
+
+@attrs.frozen
+class _FaultConfig:
+    mode: str = "raise"
+    after: int = 2
+
+
+class FaultyDrafter(ChainDrafter):
+    """Raises or hangs on its `after`-th proposal (in the draft process)."""
+
+    Config = _FaultConfig
+    calls = 0
+
+    def propose(self, session, prefix, gamma, policy, should_stop=None):
+        FaultyDrafter.calls += 1
+        if FaultyDrafter.calls >= self.config.after:
+            if self.config.mode == "raise":
+                raise RuntimeError("injected draft failure")
+            time.sleep(3600)
+        return super().propose(session, prefix, gamma, policy, should_stop)
+
+
+class _FaultPlugin:
+    @hippo.hookimpl
+    def hippo_register_drafters(self):
+        return {"faulty": FaultyDrafter}
+
+
+@pytest.fixture
+def faulty_drafter():
+    pm = hippo.plugin_manager()
+    plugin = _FaultPlugin()
+    pm.register(plugin, name="test-faulty-drafter")
+    yield
+    pm.unregister(plugin)
+
+
+@pytest.mark.parametrize("mode, timeout", [("raise", 60.0), ("hang", 3.0)])
+def test_draft_that_raises_or_hangs(mode, timeout, faulty_drafter, no_leaks):
+    target, _ = models()
+    inputs = make_inputs(2, 56, 56, 4)
+    ref = target.generate(**inputs, max_new_tokens=12, do_sample=False)
+    pipe = (
+        hippo.PipelineBuilder()
+        .target(target)
+        .draft(target)
+        .selector("uniform", keep_ratio=0.3)
+        .drafter("faulty", mode=mode, after=3)
+        .scheduler("pearl", executor="process", executor_options={"timeout": timeout})
+        .build()
+    )
+    out = pipe.generate(inputs, max_new_tokens=12, do_sample=False)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.fallback
+    assert ("injected" in out.stats.notes[0]) if mode == "raise" else ("no answer" in out.stats.notes[0])
+    pipe.close()
+
+
+def test_two_pipelines_in_sequence_and_gc(no_leaks):
+    target, draft = models()
+    inputs = make_inputs(2, 56, 56, 5)
+    ref = target.generate(**inputs, max_new_tokens=10, do_sample=False)
+    for scheduler in ("pearl", "hippo"):
+        pipe = build(scheduler, False, executor="process")
+        assert torch.equal(pipe.generate(inputs, max_new_tokens=10, do_sample=False).sequences, ref)
+        pid = pipe.scheduler.executor.pid
+        del pipe  # no close(): garbage collection must stop the draft process
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while pid in children() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pid not in children()
