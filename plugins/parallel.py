@@ -52,7 +52,7 @@ class ParallelConfig:
     sync_prefill: bool = False
     abort: bool = False
     prune: str = attrs.field(default="late", validator=attrs.validators.in_(PRUNE))
-    early_scorer: str | None = None  # None: score-free early selection (the selector alone)
+    early_scorer: str | None = None  # None: the selector alone (hippo: holistic without attention)
     early_scorer_options: dict = attrs.field(factory=dict)
     buffer_max: int = attrs.field(default=32, validator=positive_int)  # draft tokens buffered during prefill
 
@@ -174,7 +174,14 @@ class HippoScheduler(ParallelScheduler):
 
     @classmethod
     def from_options(cls, **options):
-        defaults = {"sync_prefill": True, "abort": True, "prune": "two_phase"}
+        defaults = {
+            "sync_prefill": True,
+            "abort": True,
+            "prune": "two_phase",
+            # the early selection cannot read the target's attention yet: temporal + spatial only
+            "early_scorer": "holistic",
+            "early_scorer_options": {"components": ("temporal", "spatial")},
+        }
         return cls(make_config(ParallelConfig, {**defaults, **options}, owner=cls.__name__))
 
 
