@@ -21,11 +21,12 @@ from hippo.errors import ConfigError, InputError
 from hippo.interfaces import Adapter, Encoded
 from hippo.session import KVSession
 from hippo.types import VisualTokens
+from hippo_adapters.attention_readout import AttentionReadout
 
 POSITIONS = ("original", "compact")
 
 
-class LlavaOnevisionAdapter(Adapter):
+class LlavaOnevisionAdapter(AttentionReadout, Adapter):
     name = "llava_onevision"
     model_types = ("llava_onevision",)
     model_class = LlavaOnevisionForConditionalGeneration

@@ -19,6 +19,7 @@ from hippo.errors import InputError
 from hippo.interfaces import Adapter, Encoded
 from hippo.session import KVSession
 from hippo.types import VisualTokens
+from hippo_adapters.attention_readout import AttentionReadout
 
 
 def _batch1(inputs: dict[str, Any], key: str) -> torch.Tensor:
@@ -28,7 +29,7 @@ def _batch1(inputs: dict[str, Any], key: str) -> torch.Tensor:
     return x[0]
 
 
-class Qwen25VLAdapter(Adapter):
+class Qwen25VLAdapter(AttentionReadout, Adapter):
     name = "qwen2_5_vl"
     model_types = ("qwen2_5_vl",)
     model_class = Qwen2_5_VLForConditionalGeneration
@@ -106,7 +107,7 @@ class Qwen25VLAdapter(Adapter):
                 video_grid_thw=inputs.get("video_grid_thw"),
                 second_per_grid_ts=inputs.get("second_per_grid_ts"),
             )
-            positions, next_pos = positions[:, 0], ids.shape[0] + int(delta)
+            positions, next_pos = positions[:, 0], int(positions[0, 0, -1]) + 1  # generate(): last + 1
         else:  # text only: transformers uses plain 1-D positions
             positions, next_pos = torch.arange(ids.shape[0], device=dev).expand(3, -1), ids.shape[0]
         visual = VisualTokens(embeds=video, seq_index=video_pos, grids=grids)

@@ -1,0 +1,251 @@
+"""The `hippo` command: help texts, `plugins --json`, `demo`, and the error contract.
+
+Errors: one line `hippo: error: <message>` on stderr, exit status 2, no traceback unless --debug.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hippo
+import hippo.demo
+import hippo.registry
+from hippo.cli import main
+from hippo.errors import PluginError
+
+SMALL = ["--frames", "4", "--size", "56", "--max-new-tokens", "12", "--gamma", "3", "--keep-ratio", "0.25"]
+
+
+def _exit_code(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    return info.value.code
+
+
+# ---- help ----------------------------------------------------------------------------------------
+
+
+def test_top_level_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _exit_code(["--help"]) == 0
+    out = capsys.readouterr().out
+    for word in ("usage: hippo", "plugins", "demo", "--debug", "--version", "hippo: error:"):
+        assert word in out
+
+
+def test_demo_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _exit_code(["demo", "--help"]) == 0
+    out = capsys.readouterr().out
+    for opt in (
+        "--frames",
+        "--size",
+        "--max-new-tokens",
+        "--gamma",
+        "--keep-ratio",
+        "--seed",
+        "--adapter",
+        "--json",
+        "--debug",
+    ):
+        assert opt in out
+    assert "Exit status 1 if any output differs" in " ".join(out.split())
+
+
+def test_plugins_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _exit_code(["plugins", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--json" in out and "HIPPO_DISABLE_PLUGIN_AUTOLOAD" in out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _exit_code(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"hippo {hippo.__version__}"
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _exit_code([]) == 2
+    assert _exit_code(["frobnicate"]) == 2
+    assert _exit_code(["demo", "--frames", "many"]) == 2
+    assert "invalid int value" in capsys.readouterr().err
+
+
+# ---- plugins -------------------------------------------------------------------------------------
+
+
+def test_plugins_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["plugins"]) == set(hippo.registry.KINDS)
+    uniform = next(e for e in data["plugins"]["selectors"] if e["name"] == "uniform")
+    assert uniform["builtin"] is True and uniform["distribution"] == "hippo"
+    assert uniform["class"] == "hippo_plugins.selectors:UniformSelector"
+    assert uniform["source"] == f"built-in (hippo {hippo.__version__})"
+
+
+# ---- demo ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, dict]:
+    """One real small demo run, shared by the tests below (module scope: stdout captured by hand)."""
+    path = tmp_path_factory.mktemp("demo") / "result.json"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["demo", *SMALL, "--json", str(path)])
+    return rc, buf.getvalue(), json.loads(path.read_text())
+
+
+def test_demo_runs_and_all_outputs_match(small_demo) -> None:
+    rc, out, result = small_demo
+    assert rc == 0
+    assert [r["name"] for r in result["runs"]] == ["autoregressive", "serial", "self-speculation"]
+    assert result["all_identical"] is True
+    assert all(r["identical"] for r in result["runs"])
+    assert result["transformers_generate"]["identical"] is True
+    ref = result["runs"][0]
+    assert ref["new_tokens"] == len(ref["tokens"]) > 0
+    assert all(r["mat"] >= 1.0 and r["seconds"] > 0 for r in result["runs"])
+    assert result["settings"] == {
+        "frames": 4,
+        "size": 56,
+        "max_new_tokens": 12,
+        "gamma": 3,
+        "keep_ratio": 0.25,
+        "seed": 0,
+        "repeats": 3,
+        "threads": 1,
+    }
+    assert result["runs"][2]["kept_visual_tokens"] == 2 and result["visual_tokens"] == 8
+
+
+def test_demo_text_report(small_demo) -> None:
+    _, out, result = small_demo
+    assert "prompt token ids" in out and f"[{result['video_token_id']} x8]" in out
+    for r in result["runs"]:
+        assert f"{r['name']} output ({r['new_tokens']} tokens): " in out
+    for word in ("MAT", "wall s", "speedup", "all outputs identical: yes"):
+        assert word in out
+
+
+def test_demo_default_self_speculation_accepts_drafts() -> None:
+    result = hippo.demo.run_demo(max_new_tokens=32, repeats=1)
+    assert result["all_identical"]
+    assert result["runs"][2]["mat"] > 1.0  # the target agrees with itself on a pruned video
+
+
+@pytest.mark.parametrize("adapter", sorted(hippo.registry.registry("adapters")))
+def test_demo_on_every_adapter_with_a_tiny_model(adapter: str) -> None:
+    cls = hippo.registry.lookup("adapters", adapter)
+    try:
+        cls.tiny_model("draft")
+    except NotImplementedError:
+        pytest.skip(f"adapter {adapter!r} ships no tiny model")
+    result = hippo.demo.run_demo(adapter=adapter, frames=4, max_new_tokens=10, repeats=1)
+    assert result["adapter"] == adapter and result["settings"]["size"] >= 112
+    assert result["all_identical"], [r["tokens"] for r in result["runs"]]
+
+
+def test_demo_json_on_stdout(capsys: pytest.CaptureFixture[str], monkeypatch, small_demo) -> None:
+    monkeypatch.setattr(hippo.demo, "run_demo", lambda **kw: small_demo[2])
+    assert main(["demo", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out) == small_demo[2]
+
+
+def test_demo_exits_1_when_an_output_differs(
+    capsys: pytest.CaptureFixture[str], monkeypatch, small_demo
+) -> None:
+    broken = json.loads(json.dumps(small_demo[2]))
+    broken["runs"][1]["identical"] = False
+    broken["all_identical"] = False
+    monkeypatch.setattr(hippo.demo, "run_demo", lambda **kw: broken)
+    assert main(["demo"]) == 1
+    out = capsys.readouterr().out
+    assert "all outputs identical: NO" in out
+
+
+def test_synthetic_video_shape_and_range() -> None:
+    video = hippo.demo.synthetic_video(5, 84, seed=1)
+    assert video.shape == (5, 84, 84, 3)
+    assert float(video.min()) >= 0.0 and float(video.max()) <= 1.0
+    assert float(video[:, 0].min()) == 1.0  # the bright border
+    assert not bool((video[0] == video[-1]).all())  # the squares move
+
+
+# ---- errors --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["demo", "--size", "50"], "--size must be a positive multiple of 28"),
+        (["demo", "--keep-ratio", "0"], "--keep-ratio must be in (0, 1]"),
+        (["demo", "--gamma", "0"], "--gamma must be >= 1"),
+        (["demo", "--frames", "0"], "--frames must be >= 1"),
+        (["demo", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    ],
+)
+def test_bad_demo_options(argv, message, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hippo: error: {message}")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_hippo_error_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    def boom(pm=None):
+        raise PluginError("first line\n  second line")
+
+    monkeypatch.setattr(hippo.registry, "inventory", boom)
+    assert main(["plugins"]) == 2
+    assert capsys.readouterr().err == "hippo: error: first line second line\n"
+
+
+@pytest.mark.parametrize("argv", [["--debug", "demo", "--size", "50"], ["demo", "--size", "50", "--debug"]])
+def test_debug_shows_the_traceback(argv, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "ConfigError" in err
+    assert err.rstrip().splitlines()[-1].startswith("hippo: error: --size must be")
+
+
+def test_json_file_that_cannot_be_written(
+    capsys: pytest.CaptureFixture[str], monkeypatch, small_demo
+) -> None:
+    monkeypatch.setattr(hippo.demo, "run_demo", lambda **kw: small_demo[2])
+    assert main(["demo", "--json", str(Path("/nonexistent-dir/x.json"))]) == 2
+    assert "cannot write --json file" in capsys.readouterr().err
+
+
+def test_console_script_error_contract() -> None:
+    exe = shutil.which("hippo")
+    cmd = [exe] if exe else [sys.executable, "-m", "hippo.cli"]
+    proc = subprocess.run([*cmd, "demo", "--size", "50"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("hippo: error: --size must be a positive multiple of 28")
+    assert "Traceback" not in proc.stderr
+
+
+def test_ci_and_tox_run_the_readme_test_command() -> None:
+    """.ci/run's pytest line is literally the README's; tox runs the same pytest with the same profile."""
+    root = Path(__file__).parents[1]
+    readme = (root / "README.md").read_text()
+    line = next(
+        ln
+        for ln in readme.splitlines()
+        if ln.startswith('pip install torch==2.13.0 && pip install -e ".[test]"')
+    )
+    command = line.split(" && ")[-1]
+    assert command == "HYPOTHESIS_PROFILE=ci python -m pytest -q"
+    ci = (root / ".ci" / "run").read_text().splitlines()
+    assert "set -euo pipefail" in ci
+    assert [ln for ln in ci if "pytest" in ln and not ln.startswith("#")] == [command]
+    tox = (root / "tox.ini").read_text()
+    assert "HYPOTHESIS_PROFILE = ci" in tox and "commands = python -m pytest -q {posargs}" in tox
