@@ -11,16 +11,26 @@ that are scored and pruned; the newline is kept like text. Positions are 1-D:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import DynamicCache, LlavaOnevisionForConditionalGeneration
 
 from hippo import hookimpl
-from hippo.errors import ConfigError, InputError
+from hippo.errors import ConfigError, InputError, UnsupportedError
+from hippo.inputs import (
+    chat_text,
+    expand_placeholder,
+    model_dir,
+    processor_settings,
+    resize_frames,
+    token_string,
+    tokenize,
+)
 from hippo.interfaces import Adapter, Encoded
 from hippo.session import KVSession
 from hippo.types import VisualTokens
+from hippo.video import VideoClip
 from hippo_adapters.attention_readout import AttentionReadout
 
 POSITIONS = ("original", "compact")
@@ -48,6 +58,53 @@ class LlavaOnevisionAdapter(AttentionReadout, Adapter):
         from hippo_adapters.llava_onevision_tiny import synthetic_inputs
 
         return synthetic_inputs(model, video, text_before, text_after)
+
+    #: transformers' LLaVA-OneVision video processor normalisation (OpenAI CLIP).
+    video_defaults: ClassVar[dict[str, Any]] = dict(
+        image_mean=(0.48145466, 0.4578275, 0.40821073), image_std=(0.26862954, 0.26130258, 0.27577711)
+    )
+
+    def build_inputs(
+        self,
+        tokenizer: Any,
+        clip: VideoClip,  # frames [T, H, W, 3] uint8
+        prompt: str,
+        *,
+        max_pixels: int | None = None,  # unused: frames are resized to the vision tower's square input
+        video_processor: Any = None,
+        audio: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
+        """What the LLaVA-OneVision processor returns for a user turn [video, prompt]."""
+        if audio is not None:
+            raise UnsupportedError(f"adapter {self.name!r} takes no audio")
+        cfg = self.model.config
+        pixels = self.video_pixels(clip.frames, video_processor)  # [1, T, 3, S, S]
+        h, w = self.frame_grid()
+        n = pixels.shape[1] * h * w + 1  # + the newline token that closes the video
+        video = token_string(tokenizer, cfg.video_token_id)
+        text = expand_placeholder(chat_text(tokenizer, prompt), video, video * n)
+        ids = tokenize(tokenizer, text, cfg.video_token_id, n)  # [1, L]
+        return {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "pixel_values_videos": pixels.to(self.model.dtype),
+        }
+
+    def video_pixels(
+        self,
+        frames: torch.Tensor,
+        video_processor: Any = None,  # frames [T, H, W, 3] uint8
+    ) -> torch.Tensor:  # -> [1, T, 3, S, S] normalised, S = the vision tower's image size
+        size = int(self.model.config.vision_config.image_size)
+        if video_processor is not None:
+            out = video_processor(
+                videos=[frames.permute(0, 3, 1, 2)], size={"height": size, "width": size}, return_tensors="pt"
+            )
+            return out["pixel_values_videos"]
+        s = {**self.video_defaults, **processor_settings(model_dir(self.model))}
+        x = resize_frames(frames, size, size)  # [T, S, S, 3] in [0, 1]
+        x = (x - torch.tensor(s["image_mean"])) / torch.tensor(s["image_std"])
+        return x.permute(0, 3, 1, 2)[None]
 
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])

@@ -9,17 +9,31 @@ never read: the target and the draft may be the very same object (self-speculati
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
 
 from hippo import hookimpl
-from hippo.errors import InputError
+from hippo.errors import InputError, UnsupportedError
+from hippo.inputs import (
+    chat_text,
+    expand_placeholder,
+    model_dir,
+    processor_settings,
+    resize_frames,
+    sampled_fps,
+    smart_resize,
+    token_string,
+    tokenize,
+)
 from hippo.interfaces import Adapter, Encoded
 from hippo.session import KVSession
 from hippo.types import VisualTokens
+from hippo.video import VideoClip
 from hippo_adapters.attention_readout import AttentionReadout
+
+CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
 
 def _batch1(inputs: dict[str, Any], key: str) -> torch.Tensor:
@@ -45,6 +59,96 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
         from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs
 
         return synthetic_inputs(model, video, text_before, text_after)
+
+    # ---- inputs from a video file ------------------------------------------------------------
+    #: transformers' Qwen2-VL video processor defaults (pixels per frame).
+    video_defaults: ClassVar[dict[str, Any]] = dict(
+        image_mean=CLIP_MEAN, image_std=CLIP_STD, min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28
+    )
+    #: "frame": the pixel limits are per frame (Qwen2.5-VL); "video": over all frames (Qwen3-VL).
+    pixel_budget: ClassVar[str] = "frame"
+
+    def build_inputs(
+        self,
+        tokenizer: Any,
+        clip: VideoClip,  # frames [T, H, W, 3] uint8
+        prompt: str,
+        *,
+        max_pixels: int | None = None,  # per frame; sides become multiples of patch x merge (28)
+        video_processor: Any = None,
+        audio: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
+        """What the Qwen processor returns for a user turn [video, prompt] with the generation prompt."""
+        if audio is not None:
+            raise UnsupportedError(
+                f"adapter {self.name!r} cannot build audio-visual inputs from a video file yet; run the "
+                "model's own processor and call Pipeline.generate(inputs)"
+            )
+        cfg, m = self.model.config, self.spatial_merge
+        pixels, grid = self.video_pixels(clip.frames, max_pixels, video_processor)  # [N_patch, D], [1, 3]
+        t, h, w = (int(v) for v in grid[0])
+        per_frame = h * w // m**2
+        video = token_string(tokenizer, cfg.video_token_id)
+        wrap = (
+            token_string(tokenizer, cfg.vision_start_token_id),
+            token_string(tokenizer, cfg.vision_end_token_id),
+        )
+        text = expand_placeholder(
+            chat_text(tokenizer, prompt), video, self._video_text(clip, t, per_frame, video, wrap), wrap
+        )
+        ids = tokenize(tokenizer, text, cfg.video_token_id, t * per_frame)  # [1, L]
+        return {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "mm_token_type_ids": (ids == cfg.video_token_id).long() * 2,
+            "pixel_values_videos": pixels.to(self.model.dtype),
+            "video_grid_thw": grid,
+            **self._video_extras(clip),
+        }
+
+    def _video_text(self, clip: VideoClip, t: int, per_frame: int, video: str, wrap: tuple[str, str]) -> str:
+        """What replaces the chat template's video placeholder (Qwen2.5-VL: the video tokens only)."""
+        return video * (t * per_frame)
+
+    def _video_extras(self, clip: VideoClip) -> dict[str, Any]:
+        temporal = self.model.config.vision_config.temporal_patch_size
+        return {"second_per_grid_ts": torch.tensor([temporal / sampled_fps(clip)])}
+
+    def video_pixels(
+        self,
+        frames: torch.Tensor,  # [T, H, W, 3] uint8
+        max_pixels: int | None = None,
+        video_processor: Any = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # -> pixel_values_videos [N_patch, D], video_grid_thw [1, 3]
+        """Resize (sides multiples of patch x merge, pixels <= max_pixels) and lay out as the processor does."""
+        vc = self.model.config.vision_config
+        patch, merge, temporal = int(vc.patch_size), int(vc.spatial_merge_size), int(vc.temporal_patch_size)
+        T, H, W = (int(v) for v in frames.shape[:3])
+        video_budget = self.pixel_budget == "video"
+        t_bar = max(temporal, round(T / temporal) * temporal)
+        if video_processor is not None:
+            kwargs: dict[str, Any] = {"do_sample_frames": False, "return_tensors": "pt"}
+            if max_pixels is not None:
+                budget = max_pixels * (t_bar if video_budget else 1)
+                shortest = getattr(video_processor.size, "shortest_edge", None) or budget
+                kwargs["size"] = {"shortest_edge": min(shortest, budget), "longest_edge": budget}
+            out = video_processor(videos=[frames.permute(0, 3, 1, 2)], **kwargs)
+            return out["pixel_values_videos"], out["video_grid_thw"].long()
+        from hippo_adapters.qwen2_5_vl_tiny import MEAN, STD, frames_to_pixel_values
+
+        s = {**self.video_defaults, **processor_settings(model_dir(self.model))}
+        lo, hi = int(s["min_pixels"]), int(s["max_pixels"])
+        if max_pixels is not None:
+            hi = max_pixels * (t_bar if video_budget else 1)
+        if video_budget:
+            h, w = smart_resize(H, W, patch * merge, lo, hi, frames=max(T, temporal), temporal=temporal)
+        else:
+            h, w = smart_resize(H, W, patch * merge, lo, hi)
+        x = resize_frames(frames, h, w)  # [T, h, w, 3] in [0, 1]
+        mean, std = torch.tensor(s["image_mean"]), torch.tensor(s["image_std"])
+        if not (torch.allclose(mean, MEAN) and torch.allclose(std, STD)):
+            x = (x - mean) / std * STD + MEAN  # frames_to_pixel_values normalises with CLIP's constants
+        return frames_to_pixel_values(x, patch, temporal, merge)
 
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
@@ -165,4 +269,5 @@ def hippo_register_adapters():
 
 @hookimpl
 def hippo_resolve_adapter(config):
-    return Qwen25VLAdapter if Qwen25VLAdapter.matches(config) else None
+    audio = getattr(config, "audio_config", None) is not None  # video-SALMONN2+ builds on Qwen2.5-VL
+    return Qwen25VLAdapter if Qwen25VLAdapter.matches(config) and not audio else None

@@ -12,7 +12,7 @@ Differences from Qwen2.5-VL that matter to pruning:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import Qwen3VLForConditionalGeneration
@@ -20,6 +20,7 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDe
 
 from hippo import hookimpl
 from hippo.interfaces import Encoded
+from hippo.video import VideoClip
 from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter
 
 
@@ -51,6 +52,30 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
         from hippo_adapters.qwen3_vl_tiny import synthetic_inputs
 
         return synthetic_inputs(model, video, text_before, text_after)
+
+    #: transformers' Qwen3-VL video processor defaults (pixels over all frames of the video).
+    video_defaults: ClassVar[dict[str, Any]] = dict(
+        image_mean=(0.5, 0.5, 0.5),
+        image_std=(0.5, 0.5, 0.5),
+        min_pixels=128 * 32 * 32,
+        max_pixels=768 * 32 * 32,
+    )
+    pixel_budget: ClassVar[str] = "video"
+
+    def _video_text(self, clip: VideoClip, t: int, per_frame: int, video: str, wrap: tuple[str, str]) -> str:
+        """Per temporal patch: `<t seconds>` (when its frames were shown), then its wrapped video tokens."""
+        temporal = self.model.config.vision_config.temporal_patch_size
+        fps = clip.fps if clip.fps and clip.fps > 0 else 24.0
+        idx = list(clip.indices)
+        idx += [idx[-1]] * (-len(idx) % temporal)
+        secs = [i / fps for i in idx]  # as transformers' Qwen3VLProcessor: mean of first and last
+        stamps = [(secs[i] + secs[i + temporal - 1]) / 2 for i in range(0, len(secs), temporal)]
+        if len(stamps) != t:
+            raise ValueError(f"{len(stamps)} timestamps for a video grid of {t} temporal patches")
+        return "".join(f"<{s:.1f} seconds>{wrap[0]}{video * per_frame}{wrap[1]}" for s in stamps)
+
+    def _video_extras(self, clip: VideoClip) -> dict[str, Any]:
+        return {}
 
     def _prefill_logits(
         self, encoded: Encoded, mask: torch.Tensor | None, cache: Any

@@ -47,6 +47,7 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
     name = "video_salmonn2_plus"
     model_types = (VideoSalmonn2PlusConfig.model_type,)
     model_class = VideoSalmonn2PlusForConditionalGeneration
+    needs_audio = True  # the video's audio track is part of the prompt
 
     def __init__(self, model: torch.nn.Module, positions: str | None = None):
         super().__init__(model)
@@ -105,6 +106,10 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
         video_pos = (ids == cfg.video_token_id).nonzero().flatten()  # [N]
         thw = inputs.get("video_grid_thw")
         if inputs.get("pixel_values_videos") is not None:
+            if thw is None:
+                raise InputError(
+                    "inputs have pixel_values_videos but no video_grid_thw; pass the processor's output"
+                )
             thw = thw.to(dev)
             extras["video"] = model.model.get_video_features(inputs["pixel_values_videos"].to(dev), thw)
             video = torch.cat(extras["video"].pooler_output).to(embeds.dtype)  # [N, D]

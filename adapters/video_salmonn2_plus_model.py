@@ -104,8 +104,8 @@ class VideoSalmonn2PlusAudioConfig(WhisperConfig):
     d_model: int = 1280
     max_source_positions: int = 1500
     activation_function: str = "gelu"
-    second_per_window: float = 0.5
-    second_stride: float = 0.5
+    second_per_window: float | int = 0.5
+    second_stride: float | int = 0.5
     chunk_length: int = 30
     qformer_config: dict | PreTrainedConfig | None = None
 
@@ -227,6 +227,20 @@ class WindowQFormer(nn.Module):
 # ---- audio encoder ------------------------------------------------------------------------------
 
 
+def window_frames(audio_config: Any) -> tuple[int, int]:
+    """(window, stride) in encoder frames: round(50 · seconds); (25, 25) for 0.5 s windows."""
+    per_second = audio_config.max_source_positions / audio_config.chunk_length  # 50
+    return round(per_second * audio_config.second_per_window), round(per_second * audio_config.second_stride)
+
+
+def tokens_per_chunk(audio_config: Any) -> int:
+    """Audio tokens per chunk: one per window and query (60 for 30 s chunks)."""
+    window, stride = window_frames(audio_config)
+    return (
+        (audio_config.max_source_positions - window) // stride + 1
+    ) * audio_config.qformer_config.query_length
+
+
 class VideoSalmonn2PlusAudioEncoder(WhisperEncoder):
     """transformers' `WhisperEncoder` (its `forward` unchanged) holding the Q-Former and projector."""
 
@@ -242,8 +256,7 @@ class VideoSalmonn2PlusAudioEncoder(WhisperEncoder):
                 f"({config.chunk_length} s): Whisper makes 50 encoder frames per second"
             )
         q = blip2_qformer_config(config)
-        self.window = round(config.max_source_positions * config.second_per_window / config.chunk_length)
-        self.stride = round(config.max_source_positions * config.second_stride / config.chunk_length)
+        self.window, self.stride = window_frames(config)
         self.qformer = WindowQFormer(q)
         self.q_tokens = nn.Parameter(torch.zeros(1, config.qformer_config.query_length, q.hidden_size))
         out = config.qformer_config.out_hidden_size or q.hidden_size
@@ -258,8 +271,7 @@ class VideoSalmonn2PlusAudioEncoder(WhisperEncoder):
 
     @property
     def tokens_per_chunk(self) -> int:
-        n_windows = (self.config.max_source_positions - self.window) // self.stride + 1
-        return n_windows * self.config.qformer_config.query_length
+        return tokens_per_chunk(self.config)
 
     def audio_tokens(self, features: torch.Tensor) -> torch.Tensor:
         # features [n_chunks, mel, 100·chunk] -> [n_chunks, tokens_per_chunk, D]
@@ -275,12 +287,8 @@ class VideoSalmonn2PlusAudioEncoder(WhisperEncoder):
 
 def audio_token_count(seconds: float, audio_config: Any) -> int:
     """Audio tokens for a clip of `seconds`: ceil(max(dur, 1 s) / chunk) chunks, padded tail included."""
-    frames = audio_config.max_source_positions  # encoder frames per chunk
-    window = round(frames * audio_config.second_per_window / audio_config.chunk_length)
-    stride = round(frames * audio_config.second_stride / audio_config.chunk_length)
-    per_chunk = ((frames - window) // stride + 1) * audio_config.qformer_config.query_length
     samples = max(round(seconds * SAMPLE_RATE), SAMPLE_RATE)
-    return math.ceil(samples / (audio_config.chunk_length * SAMPLE_RATE)) * per_chunk
+    return math.ceil(samples / (audio_config.chunk_length * SAMPLE_RATE)) * tokens_per_chunk(audio_config)
 
 
 def audio_inputs(waveform: torch.Tensor, audio_config: Any, dtype: torch.dtype = torch.float32) -> dict:
@@ -290,7 +298,7 @@ def audio_inputs(waveform: torch.Tensor, audio_config: Any, dtype: torch.dtype =
     feature extractor pads to a full chunk each. Returns `audio_feature` [n_chunks, mel, 100·chunk]
     and `audio_lengths` [1] (this clip's audio token count, which the prompt must hold).
     """
-    wav = torch.as_tensor(waveform, dtype=torch.float32).reshape(-1)  # [S]
+    wav = torch.as_tensor(waveform).detach().to("cpu", torch.float32).reshape(-1)  # [S]
     if wav.numel() == 0:
         raise InputError("the audio waveform is empty; this backbone needs the video's audio track")
     if wav.numel() < SAMPLE_RATE:
@@ -305,7 +313,7 @@ def audio_inputs(waveform: torch.Tensor, audio_config: Any, dtype: torch.dtype =
     )
     feats = extractor(pieces, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
     feats = feats.to(dtype)  # [n_chunks, mel, 100·chunk]
-    n_tokens = len(pieces) * audio_token_count(audio_config.chunk_length, audio_config)
+    n_tokens = len(pieces) * tokens_per_chunk(audio_config)
     return {"audio_feature": feats, "audio_lengths": torch.tensor([n_tokens])}
 
 

@@ -23,7 +23,7 @@ import torch
 from hippo.errors import ConfigError, ModelError
 from hippo.interfaces import Adapter, make_config
 from hippo.pipeline import Pipeline
-from hippo.registry import lookup, resolve_adapter
+from hippo.registry import lookup, plugin_manager, resolve_adapter
 
 KINDS = ("scorer", "selector", "drafter", "verifier", "scheduler")
 
@@ -113,8 +113,9 @@ def load_model(
         raise ModelError(f"checkpoint {str(p)!r} has no config.json; save it with save_pretrained()")
     if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
         raise ModelError(f"checkpoint {str(p)!r} has no weights (*.safetensors or *.bin)")
+    pm = plugin_manager()  # adapter plugins may register their config classes with AutoConfig
     config = AutoConfig.from_pretrained(p)
-    cls = resolve_adapter(config) if backbone == "auto" else lookup("adapters", backbone)
+    cls = resolve_adapter(config, pm) if backbone == "auto" else lookup("adapters", backbone, pm)
     try:
         return cls.load(str(p), **kwargs), cls
     except (OSError, ValueError, RuntimeError) as exc:

@@ -17,6 +17,7 @@ BACKBONES = {
     "qwen2_5_vl": (4, 56, 84),
     "qwen3_vl": (4, 64, 96),
     "llava_onevision": (3, 112, 112),
+    "video_salmonn2_plus": (4, 56, 84),
 }
 
 
