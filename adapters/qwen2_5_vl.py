@@ -67,6 +67,8 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
     )
     #: "frame": the pixel limits are per frame (Qwen2.5-VL); "video": over all frames (Qwen3-VL).
     pixel_budget: ClassVar[str] = "frame"
+    #: Whether `_video_text` wraps each frame itself (Qwen3-VL), replacing the template's start/end tokens.
+    per_frame_text: ClassVar[bool] = False
 
     def build_inputs(
         self,
@@ -93,8 +95,9 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
             token_string(tokenizer, cfg.vision_start_token_id),
             token_string(tokenizer, cfg.vision_end_token_id),
         )
+        replacement = self._video_text(clip, t, per_frame, video, wrap)
         text = expand_placeholder(
-            chat_text(tokenizer, prompt), video, self._video_text(clip, t, per_frame, video, wrap), wrap
+            chat_text(tokenizer, prompt), video, replacement, wrap if self.per_frame_text else None
         )
         ids = tokenize(tokenizer, text, cfg.video_token_id, t * per_frame)  # [1, L]
         return {
@@ -130,7 +133,11 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
             kwargs: dict[str, Any] = {"do_sample_frames": False, "return_tensors": "pt"}
             if max_pixels is not None:
                 budget = max_pixels * (t_bar if video_budget else 1)
-                shortest = getattr(video_processor.size, "shortest_edge", None) or budget
+                size = video_processor.size
+                shortest = (size.get("shortest_edge") if isinstance(size, dict) else None) or getattr(
+                    size, "shortest_edge", None
+                )
+                shortest = shortest or budget
                 kwargs["size"] = {"shortest_edge": min(shortest, budget), "longest_edge": budget}
             out = video_processor(videos=[frames.permute(0, 3, 1, 2)], **kwargs)
             return out["pixel_values_videos"], out["video_grid_thw"].long()

@@ -61,6 +61,7 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
         max_pixels=768 * 32 * 32,
     )
     pixel_budget: ClassVar[str] = "video"
+    per_frame_text: ClassVar[bool] = True
 
     def _video_text(self, clip: VideoClip, t: int, per_frame: int, video: str, wrap: tuple[str, str]) -> str:
         """Per temporal patch: `<t seconds>` (when its frames were shown), then its wrapped video tokens."""

@@ -1,7 +1,8 @@
-"""The `hippo` command: `hippo plugins` and `hippo demo`.
+"""The `hippo` command: `generate`, `bias`, `demo` and `plugins`.
 
-Every HippoError that reaches `main` becomes one line, `hippo: error: <message>`, on stderr and exit
-status 2; `--debug` prints the traceback as well. `hippo demo` exits 1 when an output differs.
+Every HippoError that reaches `main`, and every usage error, becomes one line, `hippo: error:
+<message>`, on stderr and exit status 2; `--debug` prints the traceback as well. `hippo demo` (and
+`hippo generate --compare-ar` on a greedy output) exits 1 when an output differs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 import hippo
 from hippo.errors import HippoError
@@ -65,8 +67,74 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if result["all_identical"] else EXIT_MISMATCH
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors on one line like every other hippo error."""
+
+    def error(self, message: str):
+        self.exit(EXIT_ERROR, f"hippo: error: {message}; see '{self.prog} --help'\n")
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from hippo.cli_video import cmd_generate
+
+    return cmd_generate(args)
+
+
+def _cmd_bias(args: argparse.Namespace) -> int:
+    from hippo.cli_video import cmd_bias
+
+    return cmd_bias(args)
+
+
+def _video_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("video")
+    g.add_argument(
+        "--video", required=True, metavar="FILE", help="the video file (anything decord reads: mp4, mkv, ...)"
+    )
+    g.add_argument(
+        "--prompt", required=True, metavar="TEXT", help="the question or instruction about the video"
+    )
+    n = g.add_mutually_exclusive_group()
+    n.add_argument(
+        "--frames", type=int, metavar="N", help="sample N evenly spaced frames (default: 2 per second)"
+    )
+    n.add_argument("--fps", type=float, metavar="F", help="sample F frames per second of video (default: 2)")
+    g.add_argument(
+        "--max-pixels",
+        type=int,
+        metavar="N",
+        help="resize frames to at most N pixels each, sides multiples of 28 (Qwen2.5-VL) or 32 (Qwen3-VL); "
+        "LLaVA-OneVision always uses its vision tower's square size (default: the checkpoint processor's)",
+    )
+
+
+def _model_args(p: argparse.ArgumentParser, target_required: bool = False) -> argparse._ArgumentGroup:
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--target",
+        required=target_required,
+        metavar="PATH",
+        help="target checkpoint directory (config.json, weights, tokenizer)",
+    )
+    g.add_argument(
+        "--backbone",
+        metavar="NAME",
+        help="adapter: auto (detect from config.json, the default), qwen2_5_vl, qwen3_vl, llava_onevision, "
+        "video_salmonn2_plus, or any registered adapter (see 'hippo plugins')",
+    )
+    g.add_argument(
+        "--device", metavar="DEVICE", help="cpu, cuda, cuda:1, ... (default: where the weights load)"
+    )
+    g.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32", "float64"),
+        help="weights dtype (default: the checkpoint's)",
+    )
+    return g
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hippo",
         description=(
             "HIPPO: lossless speculative decoding for video-LLMs. A small draft model q proposes γ tokens "
@@ -141,7 +209,121 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", metavar="FILE", help="also write the full result as JSON to FILE ('-': JSON on stdout only)"
     )
     d.set_defaults(func=_cmd_demo)
+    _generate_parser(sub, debug)
+    _bias_parser(sub, debug)
     return parser
+
+
+def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
+    g = sub.add_parser(
+        "generate",
+        parents=[debug],
+        help="answer a prompt about a video file with a target/draft checkpoint pair, losslessly",
+        description=(
+            "Read the video with decord, sample its frames, build the target's inputs with the checkpoint's "
+            "tokenizer and chat template, and decode with speculative decoding: the draft q proposes γ tokens "
+            "from --keep-ratio of the visual tokens (chosen by --scorer and --selector), the target p verifies "
+            "them. The answer is exactly the target's own (greedy: identical tokens; sampling: the same "
+            "distribution). The answer streams to stdout; progress bars (on a terminal), a one-line summary "
+            "(new tokens, MAT, tokens/s, time to first token, pruning time) and the --compare-ar report go "
+            "to stderr."
+        ),
+        epilog=(
+            "--config FILE takes the builder's JSON/TOML config (PipelineConfig: target, draft, backbone, "
+            "scorer, selector, drafter, verifier, scheduler, dtype, device); flags given on the command line "
+            "override it. Without --config the defaults are --scheduler hippo --scorer holistic --selector "
+            "topk --keep-ratio 0.1 --gamma 5. Bad input (video, checkpoints, tokenizers, options, a prompt "
+            "longer than the context) prints one line 'hippo: error: ...' and exits 2. Exit status 1: "
+            "--compare-ar found a greedy output that differs."
+        ),
+    )
+    m = _model_args(g)
+    m.add_argument(
+        "--draft",
+        metavar="PATH",
+        help="draft checkpoint directory: a smaller model with the target's tokenizer",
+    )
+    m.add_argument("--config", metavar="FILE", help="builder config file (JSON or TOML); flags override it")
+    _video_args(g)
+    s = g.add_argument_group("speculative decoding")
+    s.add_argument("--scheduler", metavar="NAME", help="hippo (default), pearl, serial, autoregressive, ...")
+    s.add_argument(
+        "--scorer", metavar="NAME", help="visual-token scorer: holistic (default), attention, ..., none"
+    )
+    s.add_argument(
+        "--selector", metavar="NAME", help="which tokens the draft keeps: topk (default), uniform, ..."
+    )
+    s.add_argument(
+        "--keep-ratio",
+        type=float,
+        metavar="R",
+        help="fraction of the visual tokens the draft sees, in (0, 1] (0.1)",
+    )
+    s.add_argument("--gamma", type=int, metavar="N", help="draft length γ per round, >= 1 (default: 5)")
+    d = g.add_argument_group("decoding")
+    d.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="(default: %(default)s)")
+    d.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    d.add_argument(
+        "--temperature", type=float, metavar="T", help="sampling temperature > 0 (with --do-sample)"
+    )
+    d.add_argument(
+        "--top-p", type=float, metavar="P", help="nucleus sampling mass in (0, 1] (with --do-sample)"
+    )
+    d.add_argument(
+        "--top-k", type=int, metavar="K", help="sample among the K likeliest tokens (with --do-sample)"
+    )
+    d.add_argument("--seed", type=int, metavar="S", help="seed of the sampler, for reproducible samples")
+    o = g.add_argument_group("output")
+    o.add_argument(
+        "--compare-ar",
+        action="store_true",
+        help="also decode with the target alone (scheduler autoregressive) and report the speedup and "
+        "whether the outputs are identical",
+    )
+    o.add_argument(
+        "--json", metavar="FILE", help="write the answer, its token ids, all stats and settings as JSON"
+    )
+    o.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (they only show on a terminal)"
+    )
+    g.set_defaults(func=_cmd_generate)
+
+
+def _bias_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
+    b = sub.add_parser(
+        "bias",
+        parents=[debug],
+        help="measure the position bias of attention-only vs holistic visual-token selection on a video",
+        description=(
+            "Prefill the target once on a video and a prompt, keep the top --keep-ratio of the visual tokens "
+            "by attention alone and by HIPPO's holistic score, and report which share of the kept tokens lies "
+            "on the top/bottom --boundary of each frame's rows, against the base rate (paper §4.1, Figs. 2 "
+            "and 8). Prints a table; --png writes a per-frame bar chart, --json the full result."
+        ),
+    )
+    _model_args(b, target_required=True)
+    _video_args(b)
+    a = b.add_argument_group("analysis")
+    a.add_argument(
+        "--keep-ratio",
+        type=float,
+        default=0.1,
+        metavar="R",
+        help="fraction of tokens kept (default: %(default)s)",
+    )
+    a.add_argument(
+        "--boundary",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="rows within F of the top or bottom edge are boundary rows (default: %(default)s)",
+    )
+    a.add_argument("--png", metavar="FILE", help="write the per-frame bar chart (PNG)")
+    a.add_argument("--json", metavar="FILE", help="write the full result as JSON")
+    a.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (they only show on a terminal)"
+    )
+    b.set_defaults(func=_cmd_bias)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import torch
 
-from hippo.errors import ConfigError
+from hippo.errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:
     from hippo.job import DecodeJob
     from hippo.sampling import TokenPolicy
     from hippo.types import DraftProposal, Verdict, VisualTokens
+    from hippo.video import VideoClip
 
 
 @attrs.frozen
@@ -206,6 +207,8 @@ class Adapter(ABC):
     model_types: ClassVar[tuple[str, ...]] = ()
     #: The transformers class for `from_pretrained`.
     model_class: ClassVar[Any] = None
+    #: Whether the backbone also needs the video's audio track (audio-visual models).
+    needs_audio: ClassVar[bool] = False
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
@@ -238,6 +241,27 @@ class Adapter(ABC):
     ) -> dict[str, Any]:
         """Processor-shaped inputs for one video between two runs of text token ids."""
         raise NotImplementedError(f"adapter {cls.name!r} cannot build synthetic inputs")
+
+    # ---- optional: inputs from a decoded video and a prompt (`hippo generate`, generate_from_video) ----
+    def build_inputs(
+        self,
+        tokenizer: Any,
+        clip: VideoClip,  # frames [T, H, W, 3] uint8, timestamps [T]
+        prompt: str,
+        *,
+        max_pixels: int | None = None,
+        video_processor: Any = None,
+        audio: torch.Tensor | None = None,  # [S] mono waveform, for adapters with needs_audio
+    ) -> dict[str, Any]:
+        """The processor-shaped inputs of one user turn: the video, then `prompt`, chat template applied.
+
+        `max_pixels` caps the pixels per frame; `video_processor` is the checkpoint's transformers
+        video processor when one can be loaded (else the adapter lays the pixels out itself).
+        """
+        raise UnsupportedError(
+            f"adapter {self.name!r} cannot build its inputs from a video file; run the model's own "
+            "processor and call Pipeline.generate(inputs) instead"
+        )
 
     @abstractmethod
     def vocab_size(self) -> int: ...

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,6 +34,7 @@ class DecodeJob:
         max_new_tokens: int,
         eos_ids: Sequence[int],
         streamer: Any = None,
+        progress: Callable[[str, str], None] | None = None,  # progress(stage, "start" | "end")
     ):
         self.pipeline = pipeline
         self.inputs = inputs
@@ -43,6 +44,7 @@ class DecodeJob:
         self.max_new_tokens = max_new_tokens
         self.eos_ids = frozenset(int(e) for e in eos_ids)
         self.streamer = streamer
+        self.progress = progress
         self.tokens: list[int] = []
         self.stats = Stats()
         self.done = max_new_tokens <= 0
@@ -81,10 +83,21 @@ class DecodeJob:
         return len(out)
 
     # ---- prefill --------------------------------------------------------------------------
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Report a long step ("vision encoding", "target prefill", "draft prefill") to `progress`."""
+        if self.progress is None:
+            yield
+            return
+        self.progress(name, "start")
+        yield
+        self.progress(name, "end")
+
     def target_encoded(self):
         if self._target_encoded is None:
             t0 = time.perf_counter()
-            self._target_encoded = self.pipeline.target_adapter.encode(self.inputs)
+            with self.stage("vision encoding"):
+                self._target_encoded = self.pipeline.target_adapter.encode(self.inputs)
             self.stats.seconds_target_prefill += time.perf_counter() - t0
             self.stats.visual_tokens = self._target_encoded.visual.n
         return self._target_encoded
@@ -95,7 +108,7 @@ class DecodeJob:
             adapter, scorer = self.pipeline.target_adapter, self.pipeline.scorer
             t0 = time.perf_counter()
             observe = scorer.observe_target_prefill(adapter, encoded) if scorer is not None else nullcontext()
-            with observe:
+            with observe, self.stage("target prefill"):
                 self._target = adapter.prefill(encoded, keep=None)
             self.stats.seconds_target_prefill += time.perf_counter() - t0
         return self._target
@@ -125,11 +138,12 @@ class DecodeJob:
             keep = self.prune()
             t0 = time.perf_counter()
             p = self.pipeline
-            if p.draft_adapter.model is p.target_adapter.model:
-                encoded = self.target_encoded()  # self-speculation: reuse the vision encoder's output
-            else:
-                encoded = p.draft_adapter.encode(self.inputs)
-            self._draft = p.draft_adapter.prefill(encoded, keep=keep)
+            with self.stage("draft prefill"):
+                if p.draft_adapter.model is p.target_adapter.model:
+                    encoded = self.target_encoded()  # self-speculation: reuse the vision encoder's output
+                else:
+                    encoded = p.draft_adapter.encode(self.inputs)
+                self._draft = p.draft_adapter.prefill(encoded, keep=keep)
             self.stats.seconds_draft_prefill += time.perf_counter() - t0
         return self._draft
 

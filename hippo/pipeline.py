@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from os import PathLike
 from typing import Any
 
 import torch
@@ -69,9 +71,15 @@ class Pipeline:
         seed: int | None = None,
         generator: torch.Generator | None = None,
         streamer: Any = None,
+        progress: Callable[[str, str], None] | None = None,
         **generation_kwargs: Any,
     ) -> GenerateOutput:
-        """Decode one prompt. `inputs` is the processor's output (input_ids, pixel_values_videos, ...)."""
+        """Decode one prompt. `inputs` is the processor's output (input_ids, pixel_values_videos, ...).
+
+        `streamer` gets `put(prompt ids)`, `put(new ids)` as tokens are accepted, then `end()`, as in
+        transformers. `progress(stage, "start" | "end")` is told when the long steps ("vision encoding",
+        "target prefill", "draft prefill") start and end.
+        """
         if self._closed:
             raise InputError("this pipeline is closed; build a new one")
         if not hasattr(inputs, "get") or inputs.get("input_ids") is None:
@@ -98,7 +106,7 @@ class Pipeline:
         if streamer is not None:
             streamer.put(prompt)
         job = DecodeJob(
-            self, inputs, prompt, policy, self._verifier_for(gc.do_sample), max_new, eos, streamer
+            self, inputs, prompt, policy, self._verifier_for(gc.do_sample), max_new, eos, streamer, progress
         )
         job.stats.scheduler = self.names.get("scheduler", type(self.scheduler).__name__)
         try:
@@ -108,6 +116,44 @@ class Pipeline:
         return GenerateOutput(
             sequences=job.prefix()[None].to(ids.device), stats=job.stats, kept_visual_index=job.kept
         )
+
+    def generate_from_video(
+        self,
+        path: str | PathLike,
+        prompt: str,
+        *,
+        tokenizer: Any = None,
+        frames: int | None = None,
+        fps: float | None = None,
+        max_pixels: int | None = None,
+        progress: Callable[..., None] | None = None,
+        **generation_kwargs: Any,
+    ) -> GenerateOutput:
+        """Decode an answer to `prompt` about the video file at `path`.
+
+        Samples `frames` evenly spaced frames or `fps` per second (default 2 fps), builds the target's
+        inputs with `tokenizer` (default: the one saved with the target checkpoint) and its chat
+        template, with at most `max_pixels` per frame, then calls `generate(inputs, **generation_kwargs)`.
+        Decode the answer with `tokenizer.decode(out.sequences[0, prompt_length:])`.
+        """
+        from hippo.inputs import check_tokenizers, has_tokenizer, load_tokenizer, load_video_inputs, model_dir
+
+        if tokenizer is None and self.draft_adapter is not None:
+            p_dir, q_dir = model_dir(self.target), model_dir(self.draft)
+            if p_dir and q_dir and p_dir != q_dir and has_tokenizer(p_dir) and has_tokenizer(q_dir):
+                tokenizer = load_tokenizer(p_dir)
+                check_tokenizers(tokenizer, load_tokenizer(q_dir), p_dir, q_dir)
+        inputs = load_video_inputs(
+            self.target_adapter,
+            path,
+            prompt,
+            tokenizer=tokenizer,
+            frames=frames,
+            fps=fps,
+            max_pixels=max_pixels,
+            progress=progress,
+        )
+        return self.generate(inputs, progress=progress, **generation_kwargs)
 
     def close(self) -> None:
         """Release the models and any workers; the pipeline cannot generate afterwards."""
