@@ -24,6 +24,7 @@ from hippo.errors import ConfigError, ModelError
 from hippo.interfaces import Adapter, make_config
 from hippo.pipeline import Pipeline
 from hippo.registry import lookup, plugin_manager, resolve_adapter
+from hippo.sampling import check_vocab
 
 KINDS = ("scorer", "selector", "drafter", "verifier", "scheduler")
 
@@ -272,11 +273,7 @@ class PipelineBuilder:
                 )
             same = self._models["draft"] is self._models["target"] and not self._adapter_options["draft"]
             draft = target if same else self._adapter("draft")
-            if draft.vocab_size() != target.vocab_size():
-                raise ModelError(
-                    f"draft vocabulary ({draft.vocab_size()}) differs from the target's ({target.vocab_size()}); "
-                    "speculative decoding needs a draft that shares the target's tokenizer"
-                )
+            check_vocab(target.vocab_size(), draft.vocab_size())
         selector, scorer = self._parts["selector"], self._parts["scorer"]
         if selector.needs_scores and scorer is None:
             raise ConfigError(

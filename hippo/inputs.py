@@ -26,6 +26,7 @@ import attrs
 import torch
 
 from hippo.errors import ConfigError, HippoError, InputError, ModelError, VideoError
+from hippo.sampling import check_vocab
 from hippo.video import VideoClip, sample_indices
 
 #: progress(stage, event): event is "start", "end", or "update" (with done/total for video decode).
@@ -110,11 +111,8 @@ def text_vocab_size(config: Any) -> int | None:
 def check_vocab_sizes(target_config: Any, draft_config: Any) -> None:
     """Draft and target must score the same vocabulary (checked from their configs, before loading)."""
     p, q = text_vocab_size(target_config), text_vocab_size(draft_config)
-    if p is not None and q is not None and p != q:
-        raise ModelError(
-            f"draft vocabulary ({q}) differs from the target's ({p}); speculative decoding needs a draft "
-            "that shares the target's tokenizer"  # the builder's message, word for word
-        )
+    if p is not None and q is not None:
+        check_vocab(p, q)  # the builder's rule and message
 
 
 def has_tokenizer(path: str | os.PathLike) -> bool:

@@ -138,7 +138,11 @@ class Drafter(Component):
         policy: TokenPolicy,
         should_stop: Callable[[], bool] | None = None,
     ) -> DraftProposal:
-        """Draft up to γ tokens; if `should_stop()` turns true, return the tokens drafted so far."""
+        """Draft up to γ tokens; if `should_stop()` turns true, return the tokens drafted so far.
+
+        Draft logits go through `policy.fit` first: a draft whose embedding matrix is padded
+        differently from the target's scores the target's vocabulary.
+        """
 
 
 class Verifier(Component):

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from hippo.errors import ConfigError, UnsupportedError
+from hippo.errors import ConfigError, ModelError, UnsupportedError
 
 _OURS = ("seed", "generator", "streamer")
 
@@ -53,10 +53,22 @@ class TokenPolicy:
         processors: LogitsProcessorList,
         do_sample: bool,
         generator: torch.Generator,
+        vocab_size: int | None = None,  # the target's V; draft logits are fitted to it
     ):
         self.processors = processors
         self.do_sample = bool(do_sample)
         self.generator = generator
+        self.vocab_size = vocab_size
+
+    def fit(self, logits: torch.Tensor) -> torch.Tensor:  # [..., V_q] -> [..., V_p]
+        """Draft logits over the target's vocabulary: padding rows (one side only) get -inf."""
+        v = self.vocab_size
+        if v is None or logits.shape[-1] == v:
+            return logits
+        if logits.shape[-1] > v:
+            return logits[..., :v]
+        pad = logits.new_full((*logits.shape[:-1], v - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
 
     @classmethod
     def for_model(
@@ -76,7 +88,7 @@ class TokenPolicy:
             device=ids.device,
             model_kwargs={"attention_mask": torch.ones_like(ids)},
         )
-        return cls(processors, gc.do_sample, generator)
+        return cls(processors, gc.do_sample, generator, model.get_output_embeddings().weight.shape[0])
 
     def process(
         self,
@@ -111,6 +123,20 @@ class TokenPolicy:
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator, dtype=torch.float64))
+
+
+#: Draft and target vocabularies may differ only by embedding padding (e.g. 151936 vs 152064 rows).
+PADDING_SHARE = 0.99
+
+
+def check_vocab(target_size: int, draft_size: int) -> None:
+    """Raise ModelError unless the two vocabulary sizes are equal or differ only by padding."""
+    small, large = sorted((int(target_size), int(draft_size)))
+    if small != large and small < PADDING_SHARE * large:
+        raise ModelError(
+            f"draft vocabulary ({draft_size}) differs from the target's ({target_size}); speculative "
+            "decoding needs a draft that shares the target's tokenizer"
+        )
 
 
 def make_generator(seed: int | None, generator: torch.Generator | None) -> torch.Generator:

@@ -28,7 +28,7 @@ class ChainDrafter(Drafter):
         logits = session.sync(prefix)  # [V]
         seq, tokens, qs = prefix, [], []
         for i in range(gamma):
-            scores = policy.process(seq, logits[None])  # [1, V]
+            scores = policy.process(seq, policy.fit(logits)[None])  # [1, V_p]
             if policy.do_sample:
                 q = policy.probs(scores)[0]
                 x = policy.sample(q)

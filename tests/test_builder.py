@@ -312,3 +312,24 @@ def test_checkpoint_without_config(checkpoints, tmp_path: Path) -> None:
 def test_checkpoint_path_that_does_not_exist(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="is not a directory"):
         PipelineBuilder().target(tmp_path / "nowhere").scheduler("autoregressive").build()
+
+
+def test_draft_vocabulary_padded_differently_is_accepted():
+    """Real pairs differ only by embedding padding (Qwen2.5-VL 3B: 151936 rows, 7B: 152064)."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_config, tiny_model
+
+    target = tiny_model("target", dtype=torch.float64)
+    for rows in (161, 159):  # padded beyond, and short of, the target's 160
+        cfg = tiny_config("draft")
+        cfg.text_config.vocab_size = rows
+        torch.manual_seed(1)
+        draft = Qwen2_5_VLForConditionalGeneration(cfg).double().eval()
+        inputs = synthetic_inputs(target, torch.rand(2, 56, 56, 3), [1, 10], [13])
+        ref = target.generate(**inputs, max_new_tokens=10, do_sample=False)
+        for scheduler in ("serial", "pearl"):
+            pipe = hippo.PipelineBuilder().target(target).draft(draft).scheduler(scheduler).build()
+            assert torch.equal(pipe.generate(inputs, max_new_tokens=10, do_sample=False).sequences, ref)
+        sampled = pipe.generate(inputs, max_new_tokens=10, do_sample=True, seed=0).sequences
+        assert int(sampled.max()) < 160  # never a padding id of the draft
