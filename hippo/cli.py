@@ -1,4 +1,4 @@
-"""The `hippo` command: `generate`, `bias`, `demo` and `plugins`.
+"""The `hippo` command: `generate`, `bias`, `bench`, `demo` and `plugins`.
 
 Every HippoError that reaches `main`, and every usage error, becomes one line, `hippo: error:
 <message>`, on stderr and exit status 2; `--debug` prints the traceback as well. `hippo demo` (and
@@ -84,6 +84,74 @@ def _cmd_bias(args: argparse.Namespace) -> int:
     from hippo.cli_video import cmd_bias
 
     return cmd_bias(args)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        from hippo_benchmarks.bench import main as bench
+    except ImportError as exc:
+        raise HippoError(
+            f"the benchmark package is not installed ({exc}); run `pip install -e .` from the repo"
+        ) from exc
+    summary = bench(
+        quick=args.quick,
+        pair=args.pair,
+        videos=args.videos,
+        repeats=args.repeats,
+        max_new_tokens=args.max_new_tokens,
+        keep_ratio=args.keep_ratio,
+        gamma=args.gamma,
+        frames=args.frames,
+        size=args.size,
+        threads=args.threads,
+        seed=args.seed,
+        out=args.out,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    bad = [r["name"] for r in summary["rows"] if "error" not in r and not r["identical"]]
+    if bad:
+        print(f"hippo: outputs differ from HF generate for: {', '.join(bad)}", file=sys.stderr)
+    return EXIT_MISMATCH if bad else 0
+
+
+def _bench_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
+    b = sub.add_parser(
+        "bench",
+        parents=[debug],
+        help="the paper's Table 1 in miniature: every method side by side on the trained tiny pair",
+        description=(
+            "Run HF generate, HF assisted generation, HF prompt lookup and hippo's schedulers and selectors on "
+            "the same pair, videos and prompts; report medians over repeats of MAT, speedup over HF generate, "
+            "tokens/s, TTFT, the time breakdown, the share of draft time hidden behind the target, and the MAT "
+            "bound. Every output is checked against HF generate's; a differing one is flagged (exit 1). Writes "
+            "table.md, results.json and PNG plots to --out. The target-alone baselines get all --threads "
+            "cores; pearl/hippo run the draft in its own process, one core per model."
+        ),
+    )
+    b.add_argument("--quick", action="store_true", help="the main rows only, small videos (under 5 minutes)")
+    b.add_argument(
+        "--pair",
+        choices=("trained", "tiny"),
+        default="trained",
+        help="the committed trained pair, or a random tiny pair for smoke runs (default: %(default)s)",
+    )
+    b.add_argument("--videos", type=int, metavar="N", help="held-out videos (default: 2 quick, 8 full)")
+    b.add_argument("--repeats", type=int, metavar="N", help="timed runs per video (default: 1 quick, 3 full)")
+    b.add_argument("--max-new-tokens", type=int, default=48, metavar="N", help="default: %(default)s")
+    b.add_argument("--keep-ratio", type=float, default=0.1, metavar="R", help="default: %(default)s")
+    b.add_argument("--gamma", type=int, default=5, metavar="N", help="draft length γ (default: %(default)s)")
+    b.add_argument(
+        "--frames", type=int, default=32, metavar="N", help="frames per video (default: %(default)s)"
+    )
+    b.add_argument(
+        "--size", type=int, default=224, metavar="PX", help="frame side in pixels (default: %(default)s)"
+    )
+    b.add_argument("--threads", type=int, default=2, metavar="N", help="cores for the target-alone runs")
+    b.add_argument("--seed", type=int, default=0, help="held-out video seed offset (default: %(default)s)")
+    b.add_argument(
+        "--out", default="results/bench", metavar="DIR", help="results directory (default: %(default)s)"
+    )
+    b.set_defaults(func=_cmd_bench)
 
 
 def _video_args(p: argparse.ArgumentParser) -> None:
@@ -211,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
     _generate_parser(sub, debug)
     _bias_parser(sub, debug)
+    _bench_parser(sub, debug)
     return parser
 
 
