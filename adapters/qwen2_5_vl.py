@@ -1,8 +1,9 @@
 """Qwen2.5-VL on the stock `Qwen2_5_VLForConditionalGeneration`, driven from the outside.
 
 The draft receives the text embeddings plus only the kept visual embeddings; every kept token keeps
-its original 3-D M-RoPE position, and decode positions continue from the full prompt's
-`max(position) + 1`, exactly as `generate()` computes them through `rope_deltas`. Positions are
+its original 3-D M-RoPE position, and decode positions continue from the full prompt's last
+position + 1, exactly as `generate()` does in transformers 5.23 (not max(position) + 1, which
+differs when a video's time positions run past the text after it). Positions are
 always passed explicitly, so the `rope_deltas` state that transformers keeps on the model object is
 never read: the target and the draft may be the very same object (self-speculation).
 """

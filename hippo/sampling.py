@@ -94,7 +94,10 @@ class TokenPolicy:
         self,
         seq: torch.Tensor,  # [T'] long: the sequence the last row conditions on
         logits: torch.Tensor,  # [k, V] raw logits; row i predicts the token after seq[: T' - k + 1 + i]
-    ) -> torch.Tensor:  # [k, V] processed scores
+    ) -> torch.Tensor:  # [k, V] processed scores, float32 like generate()'s
+        # generate() casts each step's logits to float32 before its processors and its argmax; doing
+        # the same keeps near-ties resolved identically whatever the model's dtype.
+        logits = logits.float()
         if not self.processors:
             return logits
         k, start = logits.shape[0], seq.shape[0] - logits.shape[0] + 1

@@ -1,0 +1,70 @@
+"""Shared test configuration.
+
+Hypothesis profiles, chosen with the environment variable HYPOTHESIS_PROFILE:
+- `dev` (default): a handful of examples per test, for quick local runs;
+- `ci`: enough examples that tests/lossless runs several hundred in total; derandomized, so a CI
+  failure reproduces with the same command.
+
+    HYPOTHESIS_PROFILE=ci python -m pytest tests/lossless tests/test_verify_law.py -q
+
+Tests marked `gpu` are skipped when CUDA is not available.
+"""
+
+from __future__ import annotations
+
+import os
+
+import harness
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+PROFILE_ENV = "HYPOTHESIS_PROFILE"
+
+settings.register_profile(
+    "dev",
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "ci",
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get(PROFILE_ENV, "dev"))
+
+# The tiny models are far too small for intra-op threads to pay off; on a shared 2-core machine
+# thread contention made them about 10x slower. One thread keeps the suite fast and steady.
+torch.set_num_threads(1)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    name = os.environ.get(PROFILE_ENV, "dev")
+    return f"hypothesis profile: {name} (max_examples={settings().max_examples}; set {PROFILE_ENV})"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device; torch.cuda.is_available() is False")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """`tiny(adapter, role='target', seed=0)`: a float64 tiny model, built once per session."""
+    return harness.tiny
+
+
+@pytest.fixture(scope="session")
+def corrupting_drafter():
+    """Registers the test plugin's `CorruptingDrafter`; yields its registry name."""
+    with harness.corrupting_plugin() as name:
+        yield name
