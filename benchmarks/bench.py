@@ -1,0 +1,432 @@
+"""`hippo bench`: the paper's Table 1 in miniature, every method side by side in one run.
+
+For each method and each video, the wall time of `repeats` runs is measured and the median kept;
+the speedup of a method is HF `generate` (the target alone) over it, per video, then the median over
+videos. Every method's output is compared token for token with HF `generate`'s: a method that is
+not lossless is flagged in the table, never hidden.
+
+CPU split (the paper splits GPUs the same way): the target-alone baselines and the serial methods
+get all `--threads` cores; the parallel methods (`pearl`, `hippo`) run the draft in its own process
+with one core per model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hippo
+from hippo.registry import lookup
+
+# ---- methods ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of the table: a HF baseline (`hf`) or a hippo pipeline spec."""
+
+    name: str
+    hf: str | None = None  # "generate" | "assisted" | "prompt_lookup"
+    scheduler: str = "serial"
+    scheduler_options: dict = field(default_factory=dict)
+    scorer: str | None = None
+    scorer_options: dict = field(default_factory=dict)
+    selector: str = "full"
+    selector_options: dict = field(default_factory=dict)
+    parallel: bool = False  # one core per model
+    group: str = "main"
+
+
+def _keep(ratio: float) -> dict:
+    return {"keep_ratio": ratio}
+
+
+def methods(keep: float, gamma: int, *, quick: bool) -> list[Method]:
+    serial = {"gamma": gamma}
+    par = {"gamma": gamma, "executor": "process"}
+    holistic = {"scorer": "holistic", "selector": "topk", "selector_options": _keep(keep)}
+    rows = [
+        Method("HF generate (target alone)", hf="generate"),
+        Method("HF assisted (full video)", hf="assisted"),
+        Method("HF prompt lookup", hf="prompt_lookup"),
+        Method("autoregressive", scheduler="autoregressive"),
+        Method("SD (serial, full video)", scheduler_options=serial),
+        Method(
+            "SpecVLM pruning (serial)",
+            scheduler_options=serial,
+            scorer="attention",
+            selector="specvlm",
+            selector_options=_keep(keep),
+        ),
+        Method("PEARL-video", scheduler="pearl", scheduler_options=par, parallel=True, **holistic),
+        Method("HIPPO", scheduler="hippo", scheduler_options=par, parallel=True, **holistic),
+    ]
+    if quick:
+        return rows
+    ablation = {
+        "scheduler": "hippo",
+        "scheduler_options": par,
+        "parallel": True,
+        "selector": "topk",
+        "selector_options": _keep(keep),
+        "scorer": "holistic",
+        "group": "ablation",
+    }
+    for drop in ("attention", "temporal", "spatial"):
+        comps = [c for c in ("attention", "temporal", "spatial") if c != drop]
+        rows.append(Method(f"HIPPO w/o {drop}", **{**ablation, "scorer_options": {"components": comps}}))
+    rows.append(Method("HIPPO w/o VPSD (serial)", scheduler_options=serial, group="ablation", **holistic))
+    for sel in ("random", "frame", "fastvid", "dycoke"):
+        rows.append(
+            Method(
+                f"HIPPO-{sel}",
+                scheduler="hippo",
+                scheduler_options=par,
+                parallel=True,
+                selector=sel,
+                selector_options=_keep(keep),
+                group="single-model",
+            )
+        )
+    for ratio in (0.5, 0.25, 0.1, 0.05):
+        rows.append(
+            Method(
+                f"HIPPO keep {ratio:g}",
+                scheduler="hippo",
+                scheduler_options=par,
+                parallel=True,
+                scorer="holistic",
+                selector="topk",
+                selector_options=_keep(ratio),
+                group="sweep-keep",
+            )
+        )
+    for g in (2, 3, 5, 8):
+        rows.append(
+            Method(
+                f"HIPPO γ={g}",
+                scheduler="hippo",
+                scheduler_options={**par, "gamma": g},
+                parallel=True,
+                **holistic,
+                group="sweep-gamma",
+            )
+        )
+    return rows
+
+
+# ---- workloads ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    target: Any
+    draft: Any
+    inputs: list[dict]
+    decode: Callable[[list[int]], str] | None
+    description: str
+
+
+def tiny_workload(n: int, seed: int) -> Workload:
+    """Random tiny Qwen2.5-VL pair (acceptance is chance: for smoke runs only)."""
+    cls = lookup("adapters", "qwen2_5_vl")
+    target, draft = cls.tiny_model("target", seed=seed), cls.tiny_model("draft", seed=seed + 1)
+    g = torch.Generator().manual_seed(seed)
+    inputs = [
+        cls.synthetic_inputs(target, torch.rand(8, 112, 112, 3, generator=g), [1, 17, 42], [61, 19])
+        for _ in range(n)
+    ]
+    return Workload(target, draft, inputs, None, "tiny random Qwen2.5-VL pair (smoke test only)")
+
+
+def trained_workload(n: int, seed: int, frames: int, size: int) -> Workload:
+    """The committed trained pair on held-out synthetic captioning videos."""
+    from .pair import load_pair
+    from .task import TaskConfig, sample
+    from .tokenizer import processor_inputs
+
+    target, draft, tok = load_pair()
+    cfg = TaskConfig(frames=frames, size=size)
+    held_out = 10**9 + seed
+    inputs = [processor_inputs(tok, sample(held_out + i, cfg).video) for i in range(n)]
+    desc = f"trained pair, {n} held-out videos of {frames} frames at {size}px ({cfg.visual_tokens} visual tokens)"
+    return Workload(target, draft, inputs, lambda ids: tok.decode(ids, skip_special_tokens=True), desc)
+
+
+# ---- running ------------------------------------------------------------------------------------
+
+
+def _pipeline(m: Method, w: Workload) -> hippo.Pipeline:
+    b = hippo.PipelineBuilder().target(w.target).draft(w.draft)
+    b.scorer(m.scorer, **m.scorer_options).selector(m.selector, **m.selector_options)
+    return b.scheduler(m.scheduler, **m.scheduler_options).build()
+
+
+def _hf_call(m: Method, w: Workload, inputs: dict, gen: dict) -> Callable[[], tuple[torch.Tensor, dict]]:
+    extra = {"assisted": {"assistant_model": w.draft}, "prompt_lookup": {"prompt_lookup_num_tokens": 5}}
+    kwargs = {**gen, **extra.get(m.hf, {})}
+
+    def call():
+        return w.target.generate(**inputs, **kwargs), {}
+
+    return call
+
+
+def _hippo_call(pipe: hippo.Pipeline, inputs: dict, gen: dict) -> Callable[[], tuple[torch.Tensor, dict]]:
+    def call():
+        out = pipe.generate(inputs, **gen)
+        return out.sequences, out.stats.as_dict()
+
+    return call
+
+
+def _timed(call: Callable, repeats: int) -> tuple[torch.Tensor, dict, list[float]]:
+    times, out, stats = [], None, {}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out, stats = call()
+        times.append(time.perf_counter() - t0)
+    return out, stats, times
+
+
+def verify_cost(w: Workload, gamma: int, repeats: int = 5) -> dict:
+    """Target seconds per single-token decode step and per (γ+1)-token verification forward."""
+    adapter = lookup("adapters", "qwen2_5_vl")(w.target)
+    session = adapter.prefill(adapter.encode(w.inputs[0]), None)
+    L = session.length
+    out = {}
+    for k in (1, gamma + 1):
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            session.forward(torch.full((k,), 5))
+            times.append(time.perf_counter() - t0)
+            session.rollback(L)
+        out[k] = statistics.median(times)
+    return {"t_decode": out[1], "t_verify": out[gamma + 1]}
+
+
+def run(
+    workload: Workload,
+    rows: list[Method],
+    *,
+    max_new_tokens: int,
+    repeats: int,
+    threads: int,
+    gamma: int,
+    log: Callable[[str], None] = print,
+) -> dict:
+    gen = {"max_new_tokens": max_new_tokens, "do_sample": False}
+    results: dict[str, dict] = {}
+    references: list[torch.Tensor] = []
+    torch.set_num_threads(threads)
+    costs = verify_cost(workload, gamma)
+    for m in rows:
+        pipe = None
+        try:
+            if m.hf is None:
+                pipe = _pipeline(m, workload)
+            per_video = []
+            for i, inputs in enumerate(workload.inputs):
+                call = _hf_call(m, workload, inputs, gen) if m.hf else _hippo_call(pipe, inputs, gen)
+                call()  # warm-up (also starts a parallel method's draft process)
+                seq, stats, times = _timed(call, repeats)
+                if m.hf == "generate" and len(references) <= i:
+                    references.append(seq)
+                identical = bool(torch.equal(seq.cpu(), references[i].cpu()))
+                per_video.append(
+                    {
+                        "seconds": statistics.median(times),
+                        "times": times,
+                        "identical": identical,
+                        "new_tokens": int(seq.shape[1] - inputs["input_ids"].shape[1]),
+                        "stats": stats,
+                    }
+                )
+            results[m.name] = {"method": m.__dict__, "videos": per_video}
+            log(f"  {m.name}: {statistics.median(v['seconds'] for v in per_video):.3f}s/video")
+        except Exception as exc:  # a baseline that cannot run is reported, not fatal
+            results[m.name] = {"method": m.__dict__, "error": f"{type(exc).__name__}: {exc}"}
+            log(f"  {m.name}: FAILED ({exc})")
+        finally:
+            if pipe is not None:
+                pipe.close()
+    return summarise(results, costs, gamma)
+
+
+def summarise(results: dict, costs: dict, gamma: int) -> dict:
+    base = results.get("HF generate (target alone)")
+    base_secs = [v["seconds"] for v in base["videos"]] if base and "videos" in base else None
+    rows = []
+    for name, r in results.items():
+        if "error" in r:
+            rows.append({"name": name, "group": r["method"]["group"], "error": r["error"]})
+            continue
+        vids = r["videos"]
+        secs = [v["seconds"] for v in vids]
+        speed = [b / s for b, s in zip(base_secs, secs)] if base_secs else [float("nan")]
+        st = [v["stats"] for v in vids if v["stats"]]
+        mat = statistics.median(s["mat"] for s in st) if st else 1.0
+
+        def med(key: str, st: list = st) -> float:
+            return statistics.median(s[key] for s in st) if st else 0.0
+
+        bound = (
+            mat * costs["t_decode"] / costs["t_verify"]
+            if st and r["method"]["scheduler"] != "autoregressive"
+            else 1.0
+        )
+        row = {
+            "name": name,
+            "group": r["method"]["group"],
+            "identical": all(v["identical"] for v in vids),
+            "seconds": statistics.median(secs),
+            "speedup": statistics.median(speed),
+            "mat": mat,
+            "tokens_per_second": statistics.median(v["new_tokens"] / v["seconds"] for v in vids),
+            "ttft": med("seconds_ttft"),
+            "target_prefill": med("seconds_target_prefill"),
+            "target_decode": med("seconds_target_decode"),
+            "draft_prefill": med("seconds_draft_prefill"),
+            "draft_decode": med("seconds_draft_decode"),
+            "pruning": med("seconds_pruning"),
+            "pruning_share": statistics.median(s["seconds_pruning"] / s["seconds_total"] for s in st)
+            if st
+            else 0.0,
+            "draft_hidden": med("draft_hidden_fraction"),
+            "mat_bound": bound,
+            "bound_achieved": statistics.median(speed) / bound if bound > 0 else float("nan"),
+            "fallback": any(s.get("fallback") for s in st),
+        }
+        rows.append(row)
+    return {"rows": rows, "costs": costs, "gamma": gamma}
+
+
+# ---- reporting ----------------------------------------------------------------------------------
+
+
+def markdown(summary: dict) -> str:
+    head = (
+        "| method | lossless | MAT | speedup vs HF AR | tok/s | TTFT s | target prefill / decode s | "
+        "draft prefill / decode s | pruning ms (share) | draft hidden | MAT bound (achieved) |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for r in summary["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['name']} | n/a: {r['error'][:80]} |" + " |" * 9)
+            continue
+        flag = "yes" if r["identical"] else "**NO (differs from HF generate)**"
+        lines.append(
+            f"| {r['name']} | {flag} | {r['mat']:.2f} | {r['speedup']:.2f}x | {r['tokens_per_second']:.1f} | "
+            f"{r['ttft']:.3f} | {r['target_prefill']:.3f} / {r['target_decode']:.3f} | "
+            f"{r['draft_prefill']:.3f} / {r['draft_decode']:.3f} | {r['pruning'] * 1e3:.1f} "
+            f"({r['pruning_share']:.2%}) | {r['draft_hidden']:.0%} | {r['mat_bound']:.2f} ({r['bound_achieved']:.0%}) |"
+        )
+    c = summary["costs"]
+    lines.append("")
+    lines.append(
+        f"Target cost: {c['t_decode'] * 1e3:.2f} ms per decode step, {c['t_verify'] * 1e3:.2f} ms per "
+        f"{summary['gamma'] + 1}-token verification. MAT bound = MAT x t_decode / t_verify(γ)."
+    )
+    return "\n".join(lines)
+
+
+def plots(summary: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in summary["rows"] if "error" not in r]
+    paths = []
+    fig, ax = plt.subplots(figsize=(8, max(3, 0.35 * len(rows))))
+    ax.barh(
+        [r["name"] for r in rows],
+        [r["speedup"] for r in rows],
+        color=["tab:green" if r["identical"] else "tab:red" for r in rows],
+    )
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("speedup over HF generate (median)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    paths.append(out / "speedup.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    sweep = [r for r in rows if r["group"] == "sweep-keep"]
+    if sweep:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ratios = [1 - float(r["name"].split()[-1]) for r in sweep]
+        ax.plot([x * 100 for x in ratios], [r["mat"] for r in sweep], "o-")
+        ax.set_xlabel("visual tokens pruned (%)")
+        ax.set_ylabel("MAT")
+        fig.tight_layout()
+        paths.append(out / "mat_vs_pruning.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+    return paths
+
+
+def environment(seed: int, threads: int) -> dict:
+    import transformers
+
+    return {
+        "machine": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "threads": threads,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "hippo": hippo.__version__,
+        "seed": seed,
+    }
+
+
+def main(
+    *,
+    quick: bool = False,
+    pair: str = "trained",
+    videos: int | None = None,
+    repeats: int | None = None,
+    max_new_tokens: int = 48,
+    keep_ratio: float = 0.1,
+    gamma: int = 5,
+    frames: int = 32,
+    size: int = 224,
+    threads: int = 2,
+    seed: int = 0,
+    out: str | os.PathLike = "results/bench",
+    log: Callable[[str], None] = print,
+) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    videos = videos or (2 if quick else 8)
+    repeats = repeats or (1 if quick else 3)
+    if pair == "tiny":
+        w = tiny_workload(videos, seed)
+    else:
+        w = trained_workload(
+            videos, seed, frames if not quick else min(frames, 16), size if not quick else 112
+        )
+    log(f"hippo bench: {w.description}; {videos} videos x {repeats} repeats, {max_new_tokens} new tokens")
+    rows = methods(keep_ratio, gamma, quick=quick)
+    summary = run(
+        w, rows, max_new_tokens=max_new_tokens, repeats=repeats, threads=threads, gamma=gamma, log=log
+    )
+    summary["environment"] = environment(seed, threads)
+    summary["workload"] = w.description
+    table = markdown(summary)
+    (out / "table.md").write_text(table + "\n")
+    (out / "results.json").write_text(json.dumps(summary, indent=2, default=str))
+    summary["plots"] = [str(p) for p in plots(summary, out)]
+    log(table)
+    return summary
