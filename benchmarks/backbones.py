@@ -59,9 +59,10 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--videos", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: tiny models only lose to more)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     rows = []
     for name in sorted(hippo.registry.registry("adapters")):
         rows += run_backbone(name, args.frames, args.new, args.videos)
