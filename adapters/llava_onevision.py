@@ -47,17 +47,7 @@ class LlavaOnevisionAdapter(AttentionReadout, Adapter):
             raise ConfigError(f"positions must be one of {', '.join(POSITIONS)}, got {positions!r}")
         self.positions = positions
 
-    @classmethod
-    def tiny_model(cls, role: str = "target", *, seed: int = 0, dtype: torch.dtype = torch.float32):
-        from hippo_adapters.llava_onevision_tiny import tiny_model
-
-        return tiny_model(role, seed=seed, dtype=dtype)
-
-    @classmethod
-    def synthetic_inputs(cls, model, video, text_before, text_after):
-        from hippo_adapters.llava_onevision_tiny import synthetic_inputs
-
-        return synthetic_inputs(model, video, text_before, text_after)
+    tiny_module = "hippo_adapters.llava_onevision_tiny"
 
     #: transformers' LLaVA-OneVision video processor normalisation (OpenAI CLIP).
     video_defaults: ClassVar[dict[str, Any]] = dict(

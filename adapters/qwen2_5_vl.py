@@ -49,17 +49,7 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
     model_types = ("qwen2_5_vl",)
     model_class = Qwen2_5_VLForConditionalGeneration
 
-    @classmethod
-    def tiny_model(cls, role: str = "target", *, seed: int = 0, dtype: torch.dtype = torch.float32):
-        from hippo_adapters.qwen2_5_vl_tiny import tiny_model
-
-        return tiny_model(role, seed=seed, dtype=dtype)
-
-    @classmethod
-    def synthetic_inputs(cls, model, video, text_before, text_after):
-        from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs
-
-        return synthetic_inputs(model, video, text_before, text_after)
+    tiny_module = "hippo_adapters.qwen2_5_vl_tiny"
 
     # ---- inputs from a video file ------------------------------------------------------------
     #: transformers' Qwen2-VL video processor defaults (pixels per frame).

@@ -41,17 +41,7 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
     model_types = ("qwen3_vl",)
     model_class = Qwen3VLForConditionalGeneration
 
-    @classmethod
-    def tiny_model(cls, role: str = "target", *, seed: int = 0, dtype: torch.dtype = torch.float32):
-        from hippo_adapters.qwen3_vl_tiny import tiny_model
-
-        return tiny_model(role, seed=seed, dtype=dtype)
-
-    @classmethod
-    def synthetic_inputs(cls, model, video, text_before, text_after):
-        from hippo_adapters.qwen3_vl_tiny import synthetic_inputs
-
-        return synthetic_inputs(model, video, text_before, text_after)
+    tiny_module = "hippo_adapters.qwen3_vl_tiny"
 
     #: transformers' Qwen3-VL video processor defaults (pixels over all frames of the video).
     video_defaults: ClassVar[dict[str, Any]] = dict(

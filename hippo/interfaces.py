@@ -6,6 +6,7 @@ V = vocabulary, T = tokens in the sequence so far (prompt + generated).
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -230,10 +231,19 @@ class Adapter(ABC):
         return next(self.model.parameters()).device
 
     # ---- optional: a tiny random model and synthetic inputs, for tests, demos and benchmarks ----
+    #: Module with `tiny_model(role, seed=, dtype=)` and `synthetic_inputs(model, video, before, after)`.
+    tiny_module: ClassVar[str | None] = None
+
+    @classmethod
+    def _tiny(cls) -> Any:
+        if cls.tiny_module is None:
+            raise NotImplementedError(f"adapter {cls.name!r} ships no tiny model")
+        return importlib.import_module(cls.tiny_module)
+
     @classmethod
     def tiny_model(cls, role: str = "target", *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Any:
         """A randomly initialised tiny model of the real class ('target' or the smaller 'draft')."""
-        raise NotImplementedError(f"adapter {cls.name!r} ships no tiny model")
+        return cls._tiny().tiny_model(role, seed=seed, dtype=dtype)
 
     @classmethod
     def synthetic_inputs(
@@ -242,9 +252,10 @@ class Adapter(ABC):
         video: torch.Tensor,  # [T, H, W, 3] floats in [0, 1]
         text_before: list[int],
         text_after: list[int],
+        **options: Any,
     ) -> dict[str, Any]:
         """Processor-shaped inputs for one video between two runs of text token ids."""
-        raise NotImplementedError(f"adapter {cls.name!r} cannot build synthetic inputs")
+        return cls._tiny().synthetic_inputs(model, video, text_before, text_after, **options)
 
     # ---- optional: inputs from a decoded video and a prompt (`hippo generate`, generate_from_video) ----
     def build_inputs(

@@ -2,46 +2,18 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
+from tiny_checkpoint import write_video
 
 from hippo.errors import ConfigError, VideoError
 from hippo.video import read_audio, read_video, sample_indices
 
-av = pytest.importorskip("av")
-
-
-def write_video(path, n=16, fps=8, size=(48, 64), audio=False):
-    h, w = size
-    with av.open(str(path), "w") as c:
-        s = c.add_stream("mpeg4", rate=fps)
-        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
-        a = c.add_stream("aac", rate=16000) if audio else None
-        for i in range(n):
-            f = np.zeros((h, w, 3), np.uint8)
-            f[:, (i * 3) % w : (i * 3) % w + 8] = 255
-            for p in s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-        if a is not None:
-            t = np.arange(int(16000 * n / fps)) / 16000
-            tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None]
-            for start in range(0, tone.shape[1], 1024):
-                frame = av.AudioFrame.from_ndarray(
-                    tone[:, start : start + 1024], format="fltp", layout="mono"
-                )
-                frame.sample_rate = 16000
-                for p in a.encode(frame):
-                    c.mux(p)
-            for p in a.encode():
-                c.mux(p)
-    return path
+pytest.importorskip("av")
 
 
 def test_reads_sampled_frames(tmp_path):
-    clip = read_video(write_video(tmp_path / "v.mp4"), frames=4)
+    clip = read_video(write_video(tmp_path / "v.mp4", size=(48, 64)), frames=4)
     assert clip.frames.shape == (4, 48, 64, 3) and clip.frames.dtype == torch.uint8
     assert clip.indices == (2, 6, 10, 14)
     assert torch.allclose(clip.timestamps, torch.tensor([2, 6, 10, 14], dtype=torch.float64) / 8)
