@@ -167,11 +167,6 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
                 "inputs have pixel values but no mm_token_type_ids; without them transformers silently "
                 "uses 1-D positions. Pass the processor's full output (it returns mm_token_type_ids)"
             )
-        mask = inputs.get("attention_mask")
-        if mask is not None and not bool(mask.all()):
-            raise InputError(
-                "attention_mask has padding; hippo decodes a single unpadded prompt (batch size 1)"
-            )
 
     @torch.inference_mode()
     def encode(self, inputs: dict[str, Any]) -> Encoded:

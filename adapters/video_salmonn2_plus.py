@@ -75,11 +75,6 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
             raise InputError("inputs have no input_ids; pass the mapping the model's processor returns")
         if inputs.get("pixel_values") is not None:
             raise InputError("video-SALMONN 2+ takes videos (pixel_values_videos) and audio, not images")
-        mask = inputs.get("attention_mask")
-        if mask is not None and not bool(mask.all()):
-            raise InputError(
-                "attention_mask has padding; hippo decodes a single unpadded prompt (batch size 1)"
-            )
 
     @torch.inference_mode()
     def encode(self, inputs: dict[str, Any]) -> Encoded:

@@ -89,6 +89,11 @@ class Pipeline:
             raise InputError(
                 f"hippo decodes one prompt at a time: input_ids must be [1, L], got {tuple(ids.shape)}"
             )
+        mask = inputs.get("attention_mask")
+        if mask is not None and not bool(mask.all()):
+            raise InputError(
+                "attention_mask has padding; hippo decodes a single unpadded prompt (batch size 1)"
+            )
         prompt = ids[0].cpu()
         L = prompt.shape[0]
         ctx = self.target_adapter.context_length()
