@@ -42,6 +42,7 @@ class Method:
     scorer_options: dict = field(default_factory=dict)
     selector: str = "full"
     selector_options: dict = field(default_factory=dict)
+    drafter: str = "chain"
     parallel: bool = False  # one core per model
     group: str = "main"
 
@@ -69,6 +70,23 @@ def methods(keep: float, gamma: int, *, quick: bool) -> list[Method]:
         ),
         Method("PEARL-video", scheduler="pearl", scheduler_options=par, parallel=True, **holistic),
         Method("HIPPO", scheduler="hippo", scheduler_options=par, parallel=True, **holistic),
+        Method("SD-tree (full video)", scheduler="serial_tree", scheduler_options=serial, drafter="tree"),
+        Method(
+            "SpecVLM (tree + SpecVLM pruning)",
+            scheduler="serial_tree",
+            scheduler_options=serial,
+            drafter="tree",
+            scorer="attention",
+            selector="specvlm",
+            selector_options=_keep(keep),
+        ),
+        Method(
+            "HIPPO + tree (serial)",
+            scheduler="serial_tree",
+            scheduler_options=serial,
+            drafter="tree",
+            **holistic,
+        ),
     ]
     if quick:
         return rows
@@ -167,7 +185,7 @@ def trained_workload(n: int, seed: int, frames: int, size: int) -> Workload:
 
 def _pipeline(m: Method, w: Workload) -> hippo.Pipeline:
     b = hippo.PipelineBuilder().target(w.target).draft(w.draft)
-    b.scorer(m.scorer, **m.scorer_options).selector(m.selector, **m.selector_options)
+    b.scorer(m.scorer, **m.scorer_options).selector(m.selector, **m.selector_options).drafter(m.drafter)
     return b.scheduler(m.scheduler, **m.scheduler_options).build()
 
 

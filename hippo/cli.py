@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any
 
-import hippo
-from hippo.errors import HippoError
+# Busy-waiting OpenMP threads starve a second process (the draft's, or anything else on a small
+# machine); passive waiting costs little. Must be set before torch runs its first parallel region.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import hippo  # noqa: E402
+from hippo.errors import HippoError  # noqa: E402
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2

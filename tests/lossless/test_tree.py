@@ -1,0 +1,235 @@
+"""Tree drafting (`tree` drafter, `tree` verifier, `serial_tree` scheduler) is lossless.
+
+- greedy: every adapter with a tiny model, float64, hypothesis choosing static shapes or dynamic
+  budgets, depth, the draft, corrupted nodes (wrong branches) and an EOS that stops mid-way; the
+  output must equal `target.generate` token for token (also through the plain `serial` scheduler,
+  which reads a tree as its first-child chain);
+- the one-pass tree forward (4-D mask + position ids) against a naive expansion: each node's logits
+  equal those of its root-to-node path run as its own sequence, and the compacted cache continues
+  exactly like a cache that only ever saw the accepted path;
+- sampling: recursive rejection sampling reproduces the target's exact law (TV bound, as in
+  test_sampling.py).
+
+Notation: p = target, q = draft, γ = tree depth, V = vocabulary, n = tree nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import attrs
+import harness as h
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_sampling import GEN, law_of, prompt, tv_threshold
+
+import hippo
+from hippo.interfaces import Drafter
+from hippo_plugins.tree import TreeDrafter, TreeProposal, chain_of, compact, score_tree
+
+ADAPTERS = h.adapter_params()
+CORRUPT_TREE = "test-corrupting-tree"
+
+# ---- a corrupting tree drafter (test plugin) ------------------------------------------------------
+
+
+def _bools(v: Any) -> tuple[bool, ...]:
+    return tuple(bool(x) for x in v)
+
+
+def _paths(v: Any) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(int(r) for r in p) for p in v)
+
+
+class CorruptingTreeDrafter(Drafter):
+    """The `tree` drafter, then node i's token becomes (x + shift) mod V where wrong[i % len] (greedy)."""
+
+    @attrs.frozen
+    class Config:
+        wrong: tuple[bool, ...] = attrs.field(default=(), converter=_bools)
+        shift: int = 1
+        paths: tuple[tuple[int, ...], ...] = attrs.field(default=((0,),), converter=_paths)
+        budget: int = 0
+        top_k: int = 2
+
+    def __init__(self, config: Any = None):
+        super().__init__(config)
+        c = self.config
+        self.base = TreeDrafter.from_options(paths=c.paths, budget=c.budget, top_k=c.top_k)
+
+    def propose(self, session, prefix, gamma, policy, should_stop=None) -> TreeProposal:
+        prop = self.base.propose(session, prefix, gamma, policy)
+        if policy.do_sample:
+            raise AssertionError("the corrupting tree drafter is for greedy tests")
+        tokens = prop.tree_tokens.clone()  # [n]
+        vocab = int(session.last_logits.shape[-1]) if session.last_logits is not None else policy.vocab_size
+        for i in range(tokens.shape[0]):
+            if self.config.wrong and self.config.wrong[i % len(self.config.wrong)]:
+                tokens[i] = (int(tokens[i]) + self.config.shift) % vocab
+        chain = chain_of(prop.parents.tolist(), tokens.tolist())
+        return attrs.evolve(prop, tree_tokens=tokens, tokens=tokens[chain])
+
+
+class _Plugin:
+    @hippo.hookimpl
+    def hippo_register_drafters(self) -> dict[str, type]:
+        return {CORRUPT_TREE: CorruptingTreeDrafter}
+
+
+@contextlib.contextmanager
+def corrupting_tree_plugin():
+    pm = hippo.plugin_manager()
+    plugin = _Plugin()
+    pm.register(plugin, name="hippo-tests-corrupting-tree")
+    try:
+        yield CORRUPT_TREE
+    finally:
+        pm.unregister(plugin=plugin)
+
+
+@pytest.fixture(scope="module")
+def corrupting_tree():
+    with corrupting_tree_plugin() as name:
+        yield name
+
+
+# ---- strategies -----------------------------------------------------------------------------------
+
+rank_paths = st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple), min_size=1, max_size=8)
+tree_shapes = st.one_of(
+    rank_paths.map(lambda p: {"paths": tuple(p)}),
+    st.builds(lambda b, k: {"budget": b, "top_k": k}, st.integers(1, 12), st.integers(1, 3)),
+)
+
+
+# ---- greedy exactness -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@settings(max_examples=h.examples(1.0))
+@given(data=st.data())
+def test_tree_greedy_equals_target_generate(adapter, data, corrupting_tree):
+    target = h.tiny(adapter, "target")
+    role = data.draw(st.sampled_from(["self", "draft"]), label="draft")
+    draft = target if role == "self" else h.tiny(adapter, "draft")
+    prompt_ = data.draw(h.prompts(adapter, target), label="prompt")
+    shape = data.draw(tree_shapes, label="tree shape")
+    wrong = data.draw(st.none() | h.corrupt_patterns, label="corrupted nodes")
+    scheduler = data.draw(st.sampled_from(["serial_tree", "serial_tree", "serial"]), label="scheduler")
+    if wrong is None:
+        drafter, options = "tree", shape
+    else:
+        drafter, options = corrupting_tree, {**{"paths": ((0,),)}, **shape, "wrong": wrong}
+    pipe = h.build(
+        target,
+        draft,
+        scheduler=scheduler,
+        gamma=data.draw(st.integers(1, 5), label="γ (depth)"),
+        keep_ratio=data.draw(h.keep_ratios, label="keep ratio"),
+        drafter=drafter,
+        drafter_options=options,
+        verifier=data.draw(st.sampled_from([None, "tree"]), label="verifier"),
+    )
+    gen = {"do_sample": False, "max_new_tokens": data.draw(h.max_new_tokens, label="max_new_tokens")}
+    gen, ref = h.eos_stop(target, prompt_.inputs, gen, data.draw(st.none() | st.integers(0, 23), label="EOS"))
+    out = pipe.generate(prompt_.inputs, **gen)
+    h.assert_same(out, ref, prompt_.length)
+    s = out.stats
+    assert all(0 <= n <= g for n, g in zip(s.accepted_per_round, s.drafted_per_round))
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_tree_rounds_accept_branches(adapter):
+    """Self-speculation with every visual token: the draft is the target, so each round accepts a
+    full-depth path of the tree (rounds verify the whole tree, and several nodes per round)."""
+    target = h.tiny(adapter)
+    unit, words = h.pixel_unit(target), h.text_ids(target)
+    p = h.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[3:6], words[7:9])
+    pipe = h.build(target, target, scheduler="serial_tree", gamma=3, keep_ratio=1.0, drafter="tree")
+    gen = {"do_sample": False, "max_new_tokens": 13}
+    out = pipe.generate(p.inputs, **gen)
+    h.assert_same(out, h.reference(target, p.inputs, **gen), p.length)
+    s = out.stats
+    assert s.accepted_per_round[0] == 3 and s.drafted_per_round[0] > 3, s.as_dict()
+
+
+# ---- the tree forward against a naive expansion ---------------------------------------------------
+
+
+def random_tree(n: int, vocab: list[int], seed: int) -> TreeProposal:
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(-1, i, (), generator=g)) for i in range(1, n)]
+    tokens = [vocab[int(torch.randint(len(vocab), (), generator=g))] for _ in range(n)]
+    chain = chain_of(parents, tokens)
+    t = torch.tensor(tokens)
+    return TreeProposal(tokens=t[chain], tree_tokens=t, parents=torch.tensor(parents))
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@settings(max_examples=h.examples(0.5))
+@given(n=st.integers(1, 10), seed=h.seeds, pending=st.integers(1, 3), history=st.integers(0, 2))
+def test_tree_forward_matches_each_path_run_alone(adapter, n, seed, pending, history):
+    target = h.tiny(adapter)
+    ad = h.part_class("adapters", adapter)(target)
+    words = h.text_ids(target)
+    unit = h.pixel_unit(target)
+    p = h.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[3:6], words[7:9])
+    encoded = ad.encode(p.inputs)
+    tree = random_tree(n, words, seed)
+    extra = torch.tensor(words[20 : 20 + history + pending])  # history: consumed before; pending: not yet
+
+    session = ad.prefill(encoded, None)
+    if history:
+        session.forward(extra[:history])
+    past = session.cache.get_seq_length()
+    logits = score_tree(session, extra[history:], tree)  # [pending + n, V]
+    for i in range(n):
+        naive = ad.prefill(encoded, None)
+        alone = naive.forward(torch.cat([extra, tree.tree_tokens[tree.path(i)]]))  # [.., V]
+        torch.testing.assert_close(logits[pending + i], alone[-1], rtol=0, atol=1e-9)
+    root = ad.prefill(encoded, None).forward(extra)[-1]
+    torch.testing.assert_close(logits[pending - 1], root, rtol=0, atol=1e-9)
+
+    # compaction: keep the path to the deepest last node, then continue; compare with a fresh run
+    path = tree.path(n - 1)
+    compact(session, past + pending, path, logits[pending + path[-1]])
+    session.length += pending + len(path)
+    session.generated.extend([*extra[history:].tolist(), *tree.tree_tokens[path].tolist()])
+    nxt = torch.tensor(words[40:42])
+    fresh = ad.prefill(encoded, None)
+    fresh.forward(torch.cat([extra, tree.tree_tokens[path]]))
+    assert session.cache.get_seq_length() == fresh.cache.get_seq_length()
+    torch.testing.assert_close(session.forward(nxt), fresh.forward(nxt), rtol=0, atol=1e-9)
+
+
+# ---- sampling: the exact law ----------------------------------------------------------------------
+
+SAMPLING = {
+    "self-static": dict(draft="self", keep_ratio=0.25, drafter_options={"paths": ((0, 0), (1, 0), (2,))}),
+    "draft-dynamic": dict(draft="draft", keep_ratio=0.5, drafter_options={"budget": 6, "top_k": 2}),
+}
+
+
+@pytest.mark.parametrize("config", sorted(SAMPLING))
+def test_tree_samples_the_target_law(config):
+    adapters = [p.values[0] for p in ADAPTERS if not p.marks]
+    adapter = "qwen2_5_vl" if "qwen2_5_vl" in adapters else adapters[0]
+    opts = dict(SAMPLING[config])
+    target = h.tiny(adapter)
+    draft = target if opts.pop("draft") == "self" else h.tiny(adapter, "draft", 1)
+    pipe = h.build(target, draft, scheduler="serial_tree", gamma=3, drafter="tree", **opts)
+    p, law = prompt(adapter), law_of(adapter)
+    n = 20 * h.examples(1.0)
+    samples, rounds = [], []
+    for seed in range(n):
+        out = pipe.generate(p.inputs, seed=seed, **GEN)
+        samples.append(tuple(h.new_tokens(out.sequences, p.length)))
+        rounds.extend(zip(out.stats.accepted_per_round, out.stats.drafted_per_round))
+    impossible = sorted({s for s in samples if s not in law})
+    assert not impossible, f"sampled sequences the target cannot emit: {impossible[:5]}"
+    tv, bound = h.total_variation(law, samples), tv_threshold(len(law), n)
+    assert tv <= bound, f"TV {tv:.4f} > {bound:.4f} over {n} runs ({len(law)} outcomes)"
+    assert any(k < g for k, g in rounds), "no rejection"
