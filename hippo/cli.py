@@ -13,6 +13,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 # Busy-waiting OpenMP threads starve a second process (the draft's, or anything else on a small
@@ -92,12 +93,17 @@ def _cmd_bias(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    try:
-        from hippo_benchmarks.bench import main as bench
-    except ImportError as exc:
+    # benchmarks/ lives next to hippo/ in the repository and is not installed (its name is too generic
+    # for site-packages); an editable install finds it there.
+    root = Path(hippo.__file__).resolve().parents[1]
+    if not (root / "benchmarks" / "bench.py").is_file():
         raise HippoError(
-            f"the benchmark package is not installed ({exc}); run `pip install -e .` from the repo"
-        ) from exc
+            "hippo bench needs the repository's benchmarks/ folder: run it from an editable install"
+        )
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from benchmarks.bench import main as bench
+
     summary = bench(
         quick=args.quick,
         pair=args.pair,
