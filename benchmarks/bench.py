@@ -168,10 +168,15 @@ def tiny_workload(n: int, seed: int) -> Workload:
 
 def trained_workload(n: int, seed: int, frames: int, size: int) -> Workload:
     """The committed trained pair on held-out synthetic captioning videos."""
-    from .pair import load_pair
+    from .pair import CHECKSUMS, PAIR_DIR, load_pair
     from .task import TaskConfig, sample
     from .tokenizer import processor_inputs
 
+    if not (PAIR_DIR / CHECKSUMS).is_file():
+        raise hippo.errors.ModelError(
+            f"the trained pair is not in {PAIR_DIR} yet; train it with `python -m benchmarks.train` "
+            "or run `hippo bench --pair tiny` for a smoke test"
+        )
     target, draft, tok = load_pair()
     cfg = TaskConfig(frames=frames, size=size)
     held_out = 10**9 + seed

@@ -1,0 +1,22 @@
+"""The benchmark's synthetic video-captioning task and its trained tiny Qwen2.5-VL pair.
+
+    from benchmarks import load_pair
+    target, draft, tokenizer = load_pair()   # verified against benchmarks/pair/checksums.json
+
+Modules: task (videos, captions, metrics), tokenizer (word-level tokenizer, chat template,
+processor inputs), models (configs), batching, train, evaluate, widen, pair (loading), measure.
+Nothing heavy is imported here, so `python -m benchmarks.train` can set OpenMP's wait policy first.
+"""
+
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    if name == "load_pair":
+        from benchmarks.pair import load_pair
+
+        return load_pair
+    raise AttributeError(name)
+
+
+__all__ = ["load_pair"]
