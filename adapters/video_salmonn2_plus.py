@@ -9,6 +9,8 @@
   itself "released" by default because the published checkpoints were evaluated with the released
   inference code). The reference is the class's own `generate`, which reads `config.positions`:
   set both the same way when comparing.
+- From a video file (`hippo generate --video`, `load_video_inputs`): `build_inputs` needs the file's
+  audio track and lays out what the released data pipeline builds (`video_salmonn2_plus_inputs`).
 
 Detection: model_type "video_salmonn2_plus", or a "qwen2_5_vl" config with an `audio_config` (the
 released config.json). The resolve hook runs `tryfirst` so that the Qwen2.5-VL adapter, which also
@@ -22,10 +24,13 @@ from typing import Any
 import torch
 
 from hippo import hookimpl
-from hippo.errors import ConfigError, InputError
+from hippo.errors import ConfigError, InputError, ModelError
+from hippo.inputs import chat_text, expand_placeholder, sampled_fps, token_string, tokenize
 from hippo.interfaces import Encoded
 from hippo.types import VisualTokens
+from hippo.video import VideoClip
 from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter, _batch1
+from hippo_adapters.video_salmonn2_plus_inputs import clip_inputs, fit_audio, token_types
 from hippo_adapters.video_salmonn2_plus_model import (
     VideoSalmonn2PlusConfig,
     VideoSalmonn2PlusForConditionalGeneration,
@@ -69,6 +74,68 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
     tiny_module = (
         "hippo_adapters.video_salmonn2_plus_tiny"  # synthetic_inputs(..., audio=None | False | wave)
     )
+
+    def build_inputs(
+        self,
+        tokenizer: Any,
+        clip: VideoClip,  # frames [T, H, W, 3] uint8
+        prompt: str,
+        *,
+        max_pixels: int | None = None,  # per frame; sides become multiples of patch x merge (28)
+        video_processor: Any = None,
+        audio: torch.Tensor | None = None,  # [S] mono 16 kHz: the video's audio track
+    ) -> dict[str, Any]:
+        """The released data pipeline's inputs for a user turn [video with its audio, prompt].
+
+        Frames and pixels are Qwen2.5-VL's (`video_pixels`); s = `second_per_grid_ts` = temporal
+        patch / sampled fps. `audio` (`hippo.inputs.read_audio_track`) is required. It is fitted to the
+        clip's duration, T / sampled fps (the whole file for `decode_video` clips): a shorter track is
+        zero-padded at the end, a longer one (e.g. the encoder's trailing samples) trimmed. Its Whisper
+        features give ceil(max(dur, 1 s) / 30 s) · 60 audio tokens, placed after the temporal grid
+        steps' video tokens as `clip_ids` splits them. Returns input_ids, attention_mask,
+        mm_token_type_ids, pixel_values_videos, video_grid_thw, second_per_grid_ts, audio_feature and
+        audio_lengths: what `synthetic_inputs(..., audio=wave)` lays out for the same frames.
+        """
+        if audio is None:
+            raise InputError(
+                "video-SALMONN 2+ needs the video's audio track, but no audio was given (the video file has "
+                "no audio track); pass a video file with sound, or its waveform as audio= "
+                "(mono 16 kHz, hippo.inputs.read_audio_track(path))"
+            )
+        cfg = self.model.config
+        pixels, grid = self.video_pixels(clip.frames, max_pixels, video_processor)  # [N_patch, D], [1, 3]
+        second_per_grid = float(self._video_extras(clip)["second_per_grid_ts"][0])
+        wave = fit_audio(audio, len(clip.indices) / sampled_fps(clip))
+        block, tensors = clip_inputs(self.model, pixels, grid, second_per_grid, wave)
+        names = {
+            i: token_string(tokenizer, i, what)
+            for i, what in (
+                (cfg.vision_start_token_id, "vision start"),
+                (cfg.vision_end_token_id, "vision end"),
+                (cfg.video_token_id, "video"),
+                (cfg.audio_token_id, "audio"),
+            )
+        }
+        video = names[cfg.video_token_id]
+        wrap = (names[cfg.vision_start_token_id], names[cfg.vision_end_token_id])
+        text = expand_placeholder(chat_text(tokenizer, prompt), video, "".join(names[i] for i in block), wrap)
+        n_video = block.count(cfg.video_token_id)
+        ids = tokenize(tokenizer, text, cfg.video_token_id, n_video)  # [1, L]
+        row = ids[0].tolist()
+        start = row.index(cfg.video_token_id) - 1
+        if row[start : start + len(block)] != block:
+            n_audio, got = block.count(cfg.audio_token_id), row.count(cfg.audio_token_id)
+            raise ModelError(
+                f"the prompt tokenizes to {got} audio tokens, not the {n_audio} the audio needs after the "
+                f"video's grid steps; the tokenizer does not treat {names[cfg.audio_token_id]!r} (id "
+                f"{cfg.audio_token_id}) as one token: use the checkpoint's own tokenizer"
+            )
+        return {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "mm_token_type_ids": token_types(ids, cfg),
+            **tensors,
+        }
 
     def _check_inputs(self, inputs: dict[str, Any]) -> None:
         if "input_ids" not in inputs:

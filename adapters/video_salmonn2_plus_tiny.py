@@ -12,14 +12,12 @@ import torch
 
 from hippo_adapters.qwen2_5_vl_tiny import frames_to_pixel_values
 from hippo_adapters.qwen2_5_vl_tiny import tiny_config as qwen_tiny_config
+from hippo_adapters.video_salmonn2_plus_inputs import clip_inputs, token_types
 from hippo_adapters.video_salmonn2_plus_model import (
-    AUDIO_TYPE,
     SAMPLE_RATE,
     VideoSalmonn2PlusConfig,
     VideoSalmonn2PlusForConditionalGeneration,
-    audio_inputs,
 )
-from hippo_adapters.video_salmonn2_plus_positions import clip_ids
 
 AUDIO = 154  # <|audio_pad|> of the tiny vocabulary (150-153 are the vision ids)
 #: Seconds per temporal grid step of synthetic videos: 0.75 s (2 frames at 8/3 fps), so that
@@ -101,31 +99,15 @@ def synthetic_inputs(
     temporal_patch / second_per_grid fps); False: no audio (the stock Qwen2.5-VL video layout).
     `mm_token_type_ids` marks video 2 and audio `AUDIO_TYPE` (3).
     """
-    cfg = model.config
-    vc = cfg.vision_config
+    vc = model.config.vision_config
     pixels, grid = frames_to_pixel_values(video, vc.patch_size, vc.temporal_patch_size, vc.spatial_merge_size)
-    steps = int(grid[0, 0])
-    per_step = int(grid[0, 1] * grid[0, 2]) // vc.spatial_merge_size**2
-    extra: dict = {}
-    n_audio = 0
     if audio is None:
         audio = synthetic_audio(video, video.shape[0] * second_per_grid / vc.temporal_patch_size)
-    if audio is not False:
-        extra = audio_inputs(audio, cfg.audio_config, model.dtype)
-        n_audio = int(extra["audio_lengths"].sum())
-    aq = cfg.audio_config
-    rate = aq.qformer_config.query_length / aq.second_stride  # audio tokens per second (2)
-    ids = [*text_before, *clip_ids(cfg, steps, per_step, n_audio, second_per_grid, rate), *text_after]
-    input_ids = torch.tensor([ids])
-    types = (input_ids == cfg.video_token_id).long() * 2 + (
-        input_ids == cfg.audio_token_id
-    ).long() * AUDIO_TYPE
+    block, extra = clip_inputs(model, pixels, grid, second_per_grid, None if audio is False else audio)
+    input_ids = torch.tensor([[*text_before, *block, *text_after]])
     return {
         "input_ids": input_ids,
         "attention_mask": torch.ones_like(input_ids),
-        "mm_token_type_ids": types,
-        "pixel_values_videos": pixels.to(model.dtype),
-        "video_grid_thw": grid,
-        "second_per_grid_ts": torch.tensor([second_per_grid]),
+        "mm_token_type_ids": token_types(input_ids, model.config),
         **extra,
     }

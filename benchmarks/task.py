@@ -81,6 +81,12 @@ class TaskConfig:
         return t * h * w
 
 
+#: the benchmark setting: 448 px, 16 frames (a 4 s clip at 4 fps), 2,048 visual tokens per video
+BENCHMARK = TaskConfig(size=448, frames=16)
+#: a longer one: 448 px, 32 frames, 4,096 visual tokens per video
+BENCHMARK_LONG = TaskConfig(size=448, frames=32)
+
+
 @dataclass
 class Obj:
     colour: int

@@ -283,17 +283,17 @@ MIXED = [
 ]
 
 
-def _phases(prune_frac: float) -> list[Phase]:
+def _phases(small: int, mixed: int, prune_frac: float) -> list[Phase]:
     return [
         Phase("vision", 1200, SMALL, lr=3e-3, vision_only=True, one_object_frac=0.1),
-        Phase("small", 600, SMALL, lr=3e-3, one_object_frac=0.1, prune_frac=prune_frac),
-        Phase("mixed", 400, MIXED, lr=1e-3, vision_lr_scale=0.1, prune_frac=prune_frac),
+        Phase("small", small, SMALL, lr=3e-3, one_object_frac=0.1, prune_frac=prune_frac),
+        Phase("mixed", mixed, MIXED, lr=1e-3, vision_lr_scale=0.1, prune_frac=prune_frac),
     ]
 
 
 DEFAULTS = {
-    "target": TrainConfig(role="target", phases=_phases(0.0)),
-    "draft": TrainConfig(role="draft", phases=_phases(0.5)),
+    "target": TrainConfig(role="target", phases=_phases(600, 400, prune_frac=0.0)),
+    "draft": TrainConfig(role="draft", phases=_phases(1000, 700, prune_frac=0.5)),
 }
 
 if __name__ == "__main__":

@@ -152,11 +152,9 @@ def _bench_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     b.add_argument("--keep-ratio", type=float, default=0.1, metavar="R", help="default: %(default)s")
     b.add_argument("--gamma", type=int, default=5, metavar="N", help="draft length γ (default: %(default)s)")
     b.add_argument(
-        "--frames", type=int, default=32, metavar="N", help="frames per video (default: %(default)s)"
+        "--frames", type=int, metavar="N", help="frames per video (default: 16, 2,048 visual tokens)"
     )
-    b.add_argument(
-        "--size", type=int, default=224, metavar="PX", help="frame side in pixels (default: %(default)s)"
-    )
+    b.add_argument("--size", type=int, metavar="PX", help="frame side in pixels (default: 448)")
     b.add_argument("--threads", type=int, default=2, metavar="N", help="cores for the target-alone runs")
     b.add_argument("--seed", type=int, default=0, help="held-out video seed offset (default: %(default)s)")
     b.add_argument(

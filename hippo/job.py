@@ -180,10 +180,13 @@ class DecodeJob:
         )
         verdict = self.verifier.verify(proposal, scores, self.policy)
         target.rollback(prefix.shape[0] + verdict.n_accepted)
-        self.stats.rounds += 1
-        self.stats.accepted_per_round.append(verdict.n_accepted)
-        self.stats.drafted_per_round.append(proposal.gamma)
         extra = [] if verdict.next_token is None else [verdict.next_token]
+        self.stats.record_round(
+            proposal.gamma,
+            verdict.n_accepted,
+            verdict.n_accepted + len(extra),
+            verdict.n_accepted < proposal.gamma,
+        )
         self.emit([*proposal.tokens[: verdict.n_accepted].tolist(), *extra])
         return verdict
 

@@ -79,6 +79,9 @@ class TokenPolicy:
         generator: torch.Generator,
     ) -> TokenPolicy:
         ids = prompt_ids[None]
+        # as generate() does first: the eos/pad/bos tensors that min_new_tokens, min_length and other
+        # eos-aware processors read (without them those processors are silently left out)
+        model._prepare_special_tokens(gc, True, device=ids.device)
         processors = model._get_logits_processor(
             generation_config=gc,
             input_ids_seq_length=ids.shape[1],

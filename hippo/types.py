@@ -82,6 +82,8 @@ class Stats:
     rounds: int = 0
     accepted_per_round: list[int] = attrs.Factory(list)  # draft tokens accepted in each verify round
     drafted_per_round: list[int] = attrs.Factory(list)  # γ used in each round
+    emitted_per_round: list[int] = attrs.Factory(list)  # tokens each round emitted (accepted + next)
+    rejected_per_round: list[bool] = attrs.Factory(list)  # the round rejected a draft token
     visual_tokens: int = 0
     kept_visual_tokens: int = 0
     seconds_total: float = 0.0
@@ -99,9 +101,29 @@ class Stats:
     @property
     def mat(self) -> float:
         """Mean accepted tokens: tokens produced per target verification (accepted drafts + 1)."""
-        if not self.accepted_per_round:
+        if not self.emitted_per_round:
             return 1.0 if self.new_tokens else 0.0
-        return statistics.fmean(n + 1 for n in self.accepted_per_round)
+        return statistics.fmean(self.emitted_per_round)
+
+    @property
+    def mat_accumulated(self) -> float:
+        """The paper's MAT: tokens accumulated over consecutive verify rounds until a rejection.
+
+        Fully accepted rounds do not end a run, so this can exceed γ + 1; it is the mean length of
+        the runs of emitted tokens between rejections (HIPPO Sec. 6.1, as PEARL counts it).
+        """
+        if not self.emitted_per_round:
+            return self.mat
+        runs = sum(self.rejected_per_round) + (0 if self.rejected_per_round[-1] else 1)
+        return sum(self.emitted_per_round) / runs
+
+    def record_round(self, drafted: int, accepted: int, emitted: int, rejected: bool) -> None:
+        """Book one verification round."""
+        self.rounds += 1
+        self.drafted_per_round.append(drafted)
+        self.accepted_per_round.append(accepted)
+        self.emitted_per_round.append(emitted)
+        self.rejected_per_round.append(rejected)
 
     @property
     def acceptance_rate(self) -> float:
@@ -129,6 +151,7 @@ class Stats:
         d = attrs.asdict(self)
         d.update(
             mat=self.mat,
+            mat_accumulated=self.mat_accumulated,
             acceptance_rate=self.acceptance_rate,
             tokens_per_second=self.tokens_per_second,
             seconds_draft=self.seconds_draft,

@@ -84,7 +84,7 @@ def read_audio(path: str | os.PathLike, *, sample_rate: int = 16000) -> torch.Te
     except Exception:
         raise VideoError(
             f"{str(p)!r} has no readable audio track, but this backbone needs audio; pass a video with "
-            "sound, or disable audio for this run"
+            "sound (video-SALMONN 2+ reads the audio track as part of its prompt)"
         ) from None
     samples = torch.from_numpy(ar[:].asnumpy()).float().reshape(-1)
     if samples.numel() == 0:

@@ -32,6 +32,22 @@ from hippo.job import DecodeJob
 from hippo.types import DraftProposal
 
 
+def _shared(payload: Any) -> Any:
+    """Move payload tensors to shared memory *now*, in the calling thread.
+
+    A queue pickles in a background feeder thread, and pickling a CPU tensor moves its storage to
+    shared memory in place, freeing the old buffer. If that happened while this process still read
+    the tensor (the target encoding the same pixel values), the reader would touch freed memory.
+    """
+    if isinstance(payload, torch.Tensor):
+        return payload.share_memory_()
+    if isinstance(payload, tuple | list):
+        return type(payload)(_shared(x) for x in payload)
+    if isinstance(payload, dict):
+        return {k: _shared(v) for k, v in payload.items()}
+    return payload
+
+
 def _intervals_overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
     return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
 
@@ -43,8 +59,14 @@ def _worker_main(model, adapter_cls, adapter_options, threads, cmd_q, res_q, sto
 
     adapter = adapter_cls(model, **adapter_options)
     state: dict[str, Any] = {}
+    parent = mp.parent_process()
     while True:
-        cmd, ticket, payload = cmd_q.get()
+        try:
+            cmd, ticket, payload = cmd_q.get(timeout=1.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return  # the parent was killed: do not linger as an orphan
+            continue
         if cmd == "close":
             return
         t0 = time.perf_counter()
@@ -75,7 +97,7 @@ def _worker_main(model, adapter_cls, adapter_options, threads, cmd_q, res_q, sto
                 result = (prop.tokens, prop.q)
             else:
                 raise ValueError(f"unknown command {cmd!r}")
-            res_q.put(("ok", ticket, cmd, result, (t0, time.perf_counter())))
+            res_q.put(("ok", ticket, cmd, _shared(result), (t0, time.perf_counter())))
         except Exception:
             res_q.put(("error", ticket, cmd, traceback.format_exc(limit=8), (t0, time.perf_counter())))
 
@@ -125,7 +147,7 @@ class _DraftProcess:
         if not self.alive:
             raise DraftFailure(f"the draft process is not running (exit code {self.proc.exitcode})")
         self.ticket += 1
-        self.cmd_q.put((cmd, self.ticket, payload))
+        self.cmd_q.put((cmd, self.ticket, _shared(payload)))
         return self.ticket
 
     def close(self) -> None:
@@ -204,6 +226,11 @@ class ProcessExecutor(Executor):
     class Config:
         threads: int = attrs.field(default=1, validator=positive_int)
         timeout: float = attrs.field(default=120.0, validator=attrs.validators.gt(0))
+        #: threads for the target's prefill (None: `threads`); more than `threads` borrows the draft's
+        #: cores while the draft is mostly idle (it only prefills its pruned input and buffers γ)
+        prefill_threads: int | None = attrs.field(
+            default=None, validator=attrs.validators.optional(positive_int)
+        )
 
     def __init__(self, config=None):
         super().__init__(config)
@@ -238,11 +265,15 @@ class ProcessExecutor(Executor):
             self._saved_threads = None
 
     def target(self, kind: str, fn, *args, **kwargs):
+        threads = torch.get_num_threads()
+        if kind == "prefill" and self.config.prefill_threads is not None:
+            torch.set_num_threads(self.config.prefill_threads)
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             self.target_busy.append((t0, time.perf_counter()))
+            torch.set_num_threads(threads)
 
     @property
     def pid(self) -> int | None:

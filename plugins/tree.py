@@ -534,9 +534,8 @@ def tree_round(job: DecodeJob, target: ModelSession, proposal: TreeProposal) -> 
     compact(target, past + m, path, rows[(path[-1] + 1) if path else 0])
     target.length += m + len(path)
     target.generated.extend([*pending.tolist(), *proposal.tree_tokens[path].tolist()])
-    job.stats.rounds += 1
-    job.stats.accepted_per_round.append(verdict.n_accepted)
-    job.stats.drafted_per_round.append(proposal.n_nodes)
+    deepest = int(proposal.depths().max()) if proposal.n_nodes else 0
+    job.stats.record_round(proposal.n_nodes, verdict.n_accepted, verdict.n_accepted + 1, len(path) < deepest)
     job.emit([*proposal.tree_tokens[path].tolist(), verdict.next_token])
     return verdict
 

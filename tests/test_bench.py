@@ -42,8 +42,11 @@ def test_bench_quick_smallest_setting(tmp_path):
     for row in summary["rows"]:
         assert "error" not in row, row
         assert row["identical"] and row["mat"] >= 1.0 and row["seconds"] > 0
+        assert row["mat_paper"] >= row["mat"] and 0 < row["prefill_share"] < 1
     assert {"torch", "transformers", "seed", "cpu_count"} <= set(summary["environment"])
     table = (out / "table.md").read_text().splitlines()
-    assert table[0].startswith("| method | lossless | MAT | speedup")
+    assert table[0].startswith("| method | lossless | MAT | MAT (paper) | speedup")
     assert len([line for line in table if line.startswith("| ")]) == len(names) + 1
     assert (out / "speedup.png").stat().st_size > 0
+    assert (out / "position_bias.png").stat().st_size > 0
+    assert 0 <= summary["position_bias"]["attention_boundary_share"] <= 1

@@ -26,6 +26,10 @@ def check_rounds(out) -> None:
     s = out.stats
     assert len(s.accepted_per_round) == len(s.drafted_per_round) == s.rounds
     assert all(0 <= n <= g for n, g in zip(s.accepted_per_round, s.drafted_per_round))
+    assert len(s.emitted_per_round) == len(s.rejected_per_round) == s.rounds
+    assert all(n <= e <= n + 1 for n, e in zip(s.accepted_per_round, s.emitted_per_round))
+    assert sum(s.emitted_per_round) <= s.new_tokens  # the rest came from plain target steps
+    assert s.mat_accumulated >= s.mat or not s.rounds
 
 
 def test_every_scored_selector_has_a_scorer():
@@ -56,7 +60,11 @@ def test_pipeline_equals_target_generate(adapter, scheduler, data):
         selector_seed=data.draw(st.none() | h.seeds, label="selector seed"),
         verifier=data.draw(verifiers, label="verifier"),
     )
-    gen = greedy(data.draw(h.max_new_tokens, label="max_new_tokens"))
+    max_new = data.draw(h.max_new_tokens, label="max_new_tokens")
+    gen = greedy(max_new)
+    min_new = data.draw(st.none() | st.integers(1, max_new), label="min_new_tokens")  # no EOS before it
+    if min_new is not None:
+        gen["min_new_tokens"] = min_new
     gen, ref = h.eos_stop(target, prompt.inputs, gen, data.draw(eos_picks, label="EOS pick"))
     out = pipe.generate(prompt.inputs, seed=data.draw(h.seeds, label="run seed"), **gen)
     h.assert_same(out, ref, prompt.length)

@@ -255,3 +255,40 @@ def test_two_pipelines_in_sequence_and_gc(no_leaks):
         while pid in children() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert pid not in children()
+
+
+_ORPHAN_SCRIPT = """
+import os, signal, sys, torch
+import hippo
+from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
+target, draft = tiny_model("target", seed=0), tiny_model("draft", seed=1)
+inputs = synthetic_inputs(target, torch.rand(2, 56, 56, 3), [1, 5, 6], [7, 8])
+pipe = hippo.PipelineBuilder().target(target).draft(draft).scheduler("pearl", executor="process").build()
+pipe.generate(inputs, max_new_tokens=4, do_sample=False)
+print(pipe.scheduler.executor.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no close(), no finaliser, no atexit
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_draft_process_exits_when_its_parent_is_killed():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _ORPHAN_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    pid = int(proc.stdout.split()[-1])
+    deadline = time.monotonic() + 15
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _running(pid):
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the draft process outlived its killed parent")
