@@ -110,6 +110,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         videos=args.videos,
         repeats=args.repeats,
         max_new_tokens=args.max_new_tokens,
+        min_new_tokens=args.min_new_tokens,
         keep_ratio=args.keep_ratio,
         gamma=args.gamma,
         frames=args.frames,
@@ -149,6 +150,13 @@ def _bench_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     b.add_argument("--videos", type=int, metavar="N", help="held-out videos (default: 2 quick, 8 full)")
     b.add_argument("--repeats", type=int, metavar="N", help="timed runs per video (default: 1 quick, 3 full)")
     b.add_argument("--max-new-tokens", type=int, default=48, metavar="N", help="default: %(default)s")
+    b.add_argument(
+        "--min-new-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="suppress EOS until N new tokens (fixed-length runs, as serving benchmarks do; default: off)",
+    )
     b.add_argument("--keep-ratio", type=float, default=0.1, metavar="R", help="default: %(default)s")
     b.add_argument("--gamma", type=int, default=5, metavar="N", help="draft length γ (default: %(default)s)")
     b.add_argument(

@@ -181,13 +181,9 @@ class DecodeJob:
         verdict = self.verifier.verify(proposal, scores, self.policy)
         target.rollback(prefix.shape[0] + verdict.n_accepted)
         extra = [] if verdict.next_token is None else [verdict.next_token]
-        self.stats.record_round(
-            proposal.gamma,
-            verdict.n_accepted,
-            verdict.n_accepted + len(extra),
-            verdict.n_accepted < proposal.gamma,
-        )
-        self.emit([*proposal.tokens[: verdict.n_accepted].tolist(), *extra])
+        kept = self.emit([*proposal.tokens[: verdict.n_accepted].tolist(), *extra])
+        # `kept` < accepted + 1 only in the last round (token budget or EOS reached)
+        self.stats.record_round(proposal.gamma, verdict.n_accepted, kept, verdict.n_accepted < proposal.gamma)
         return verdict
 
     def finish(self) -> None:

@@ -535,8 +535,8 @@ def tree_round(job: DecodeJob, target: ModelSession, proposal: TreeProposal) -> 
     target.length += m + len(path)
     target.generated.extend([*pending.tolist(), *proposal.tree_tokens[path].tolist()])
     deepest = int(proposal.depths().max()) if proposal.n_nodes else 0
-    job.stats.record_round(proposal.n_nodes, verdict.n_accepted, verdict.n_accepted + 1, len(path) < deepest)
-    job.emit([*proposal.tree_tokens[path].tolist(), verdict.next_token])
+    kept = job.emit([*proposal.tree_tokens[path].tolist(), verdict.next_token])
+    job.stats.record_round(proposal.n_nodes, verdict.n_accepted, kept, len(path) < deepest)
     return verdict
 
 

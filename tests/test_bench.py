@@ -44,9 +44,29 @@ def test_bench_quick_smallest_setting(tmp_path):
         assert row["identical"] and row["mat"] >= 1.0 and row["seconds"] > 0
         assert row["mat_paper"] >= row["mat"] and 0 < row["prefill_share"] < 1
     assert {"torch", "transformers", "seed", "cpu_count"} <= set(summary["environment"])
+    assert set(summary["per_video"]) == set(names)  # the raw figures behind every median
+    assert all(len(v["times"]) == 1 and "stats" in v for v in summary["per_video"]["HIPPO"])
+    assert summary["generation"] == {"max_new_tokens": 4, "min_new_tokens": 0}
     table = (out / "table.md").read_text().splitlines()
     assert table[0].startswith("| method | lossless | MAT | MAT (paper) | speedup")
     assert len([line for line in table if line.startswith("| ")]) == len(names) + 1
     assert (out / "speedup.png").stat().st_size > 0
     assert (out / "position_bias.png").stat().st_size > 0
     assert 0 <= summary["position_bias"]["attention_boundary_share"] <= 1
+
+
+def test_bench_fixed_length_runs_suppress_eos_until_min_new_tokens():
+    """`--min-new-tokens` makes every method run the same number of tokens, still lossless."""
+    from benchmarks import bench
+
+    w = bench.tiny_workload(1, seed=3)
+    inputs = w.inputs[0]
+    first = w.target.generate(**inputs, max_new_tokens=1, do_sample=False)[0, -1]
+    w.target.generation_config.eos_token_id = int(first)  # without the minimum, every run stops at once
+    rows = [m for m in bench.methods(0.5, 3, quick=True) if m.name in ("HF generate (target alone)", "HIPPO")]
+    summary = bench.run(
+        w, rows, max_new_tokens=7, min_new_tokens=7, repeats=1, threads=1, gamma=3, log=lambda _: None
+    )
+    for name, videos in summary["per_video"].items():
+        assert [v["new_tokens"] for v in videos] == [7], name
+        assert all(v["identical"] for v in videos), name
