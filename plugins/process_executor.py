@@ -72,11 +72,11 @@ def _worker_main(model, adapter_cls, adapter_options, threads, cmd_q, res_q, sto
         t0 = time.perf_counter()
         try:
             if cmd == "job":
-                inputs, processors, do_sample, seed, drafter = payload
+                inputs, processors, do_sample, seed, vocab_size, drafter = payload
                 gen = torch.Generator().manual_seed(seed)
                 state = {
                     "inputs": inputs,
-                    "policy": TokenPolicy(processors, do_sample, gen),
+                    "policy": TokenPolicy(processors, do_sample, gen, vocab_size),
                     "drafter": drafter,
                 }
                 result: Any = None
@@ -163,7 +163,15 @@ class ProcessDraftWorker(DraftWorker):
         self._inflight: int | None = None
         seed = int(torch.randint(2**62, (), generator=job.policy.generator))
         self.dp.send(
-            "job", (dict(job.inputs), job.policy.processors, job.policy.do_sample, seed, job.pipeline.drafter)
+            "job",
+            (
+                dict(job.inputs),
+                job.policy.processors,
+                job.policy.do_sample,
+                seed,
+                job.policy.vocab_size,  # the target's V: draft logits are fitted to it
+                job.pipeline.drafter,
+            ),
         )
 
     def _wait(self, ticket: int):

@@ -328,8 +328,12 @@ def test_draft_vocabulary_padded_differently_is_accepted():
         draft = Qwen2_5_VLForConditionalGeneration(cfg).double().eval()
         inputs = synthetic_inputs(target, torch.rand(2, 56, 56, 3), [1, 10], [13])
         ref = target.generate(**inputs, max_new_tokens=10, do_sample=False)
-        for scheduler in ("serial", "pearl"):
-            pipe = hippo.PipelineBuilder().target(target).draft(draft).scheduler(scheduler).build()
-            assert torch.equal(pipe.generate(inputs, max_new_tokens=10, do_sample=False).sequences, ref)
-        sampled = pipe.generate(inputs, max_new_tokens=10, do_sample=True, seed=0).sequences
-        assert int(sampled.max()) < 160  # never a padding id of the draft
+        for scheduler, options in (("serial", {}), ("pearl", {}), ("hippo", {"executor": "process"})):
+            pipe = hippo.PipelineBuilder().target(target).draft(draft).scheduler(scheduler, **options).build()
+            try:
+                assert torch.equal(pipe.generate(inputs, max_new_tokens=10, do_sample=False).sequences, ref)
+                # sampling compares p and q row by row: both must be over the target's 160 ids
+                out = pipe.generate(inputs, max_new_tokens=10, do_sample=True, seed=0)
+                assert int(out.sequences.max()) < 160 and not out.stats.fallback  # no padding id of the draft
+            finally:
+                pipe.close()
