@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+def overlap_seconds(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length of the intersection of two sets of disjoint [start, end) intervals (seconds)."""
+    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
+
+
 class DraftFailure(HippoError):
     """The draft died, hung past its timeout, or raised; generation continues with the target alone."""
 

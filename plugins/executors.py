@@ -1,4 +1,4 @@
-"""In-process executors: `inline` (one after the other) and `simulated` (a virtual clock).
+"""In-process executors: `inline` (one after the other, or overlapped on a thread and a CUDA stream) and `simulated` (a virtual clock).
 
 `simulated` computes exactly what `inline` computes, but charges every forward a chosen virtual
 duration, so a test can force any interleaving of draft and target (how many tokens the draft has
@@ -14,19 +14,15 @@ import attrs
 import torch
 
 from hippo import hookimpl
-from hippo.executor import DraftWorker, Executor
+from hippo.executor import DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
 from hippo.types import DraftProposal
+from hippo_plugins.thread_worker import ThreadDraftWorker, model_device
 
 
 def _positive(instance, attribute, value) -> None:
     if not isinstance(value, (int, float)) or value <= 0:
         raise ValueError(f"{attribute.name} must be a positive number of (virtual) seconds, got {value!r}")
-
-
-def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Total length of the intersection of two sets of [start, end) intervals."""
-    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
 
 
 class LocalDraftWorker(DraftWorker):
@@ -74,10 +70,39 @@ class LocalDraftWorker(DraftWorker):
 
 
 class InlineExecutor(Executor):
-    """Draft and target in one process, one after the other: for debugging and single-device use."""
+    """Draft and target in one process: for debugging and single-device use.
+
+    `overlap`: "off" runs them one after the other (drafting happens at `submit`). "thread" runs
+    the draft on a thread of this process and, when the draft is on CUDA, on its own CUDA stream,
+    so its kernels overlap the target's. "auto" (default) is "thread" when the draft model is on a
+    CUDA device and is not the target model itself (a self-drafting model must not run two
+    forwards at once: the attention scorer's hooks sit on it), else "off".
+    """
+
+    @attrs.frozen
+    class Config:
+        overlap: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "off", "thread")))
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.target_busy: list[tuple[float, float]] = []
+
+    def threaded(self, job: DecodeJob) -> bool:
+        p = job.pipeline
+        if self.config.overlap == "off" or p.draft_adapter.model is p.target_adapter.model:
+            return False
+        return self.config.overlap == "thread" or model_device(p.draft_adapter.model).type == "cuda"
 
     def open(self, job: DecodeJob) -> DraftWorker:
-        return LocalDraftWorker(job)
+        self.target_busy = []
+        return ThreadDraftWorker(job, self.target_busy) if self.threaded(job) else LocalDraftWorker(job)
+
+    def target(self, kind: str, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.target_busy.append((t0, time.perf_counter()))
 
 
 class VirtualClock:
@@ -134,7 +159,7 @@ class SimulatedDraftWorker(LocalDraftWorker):
             self.clock.now = max(self.clock.now, self._done_at[-1])  # waiting for the draft
         self._done_at = []
         self.seconds_decode = self._virtual["decode"]
-        self.seconds_overlapped = _overlap(self.busy, self.clock.target_busy)
+        self.seconds_overlapped = overlap_seconds(self.busy, self.clock.target_busy)
         return super().collect()
 
 

@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 
 from hippo import hookimpl
 from hippo.config import positive_int
-from hippo.executor import DraftFailure, DraftWorker, Executor
+from hippo.executor import DraftFailure, DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
 from hippo.types import DraftProposal
 
@@ -46,10 +46,6 @@ def _shared(payload: Any) -> Any:
     if isinstance(payload, dict):
         return {k: _shared(v) for k, v in payload.items()}
     return payload
-
-
-def _intervals_overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
 
 
 def _worker_main(model, adapter_cls, adapter_options, threads, cmd_q, res_q, stop_ticket) -> None:
@@ -199,7 +195,7 @@ class ProcessDraftWorker(DraftWorker):
             elif cmd == "propose":
                 self.seconds_decode += span[1] - span[0]
             if t == ticket:
-                self.seconds_overlapped = _intervals_overlap(self.draft_busy, self.target_busy)
+                self.seconds_overlapped = overlap_seconds(self.draft_busy, self.target_busy)
                 return result
 
     def prefill(self, keep: torch.Tensor | None) -> None:

@@ -56,6 +56,15 @@ def options_for(kind: str, name: str, **candidates: Any) -> dict[str, Any]:
     return {k: v for k, v in candidates.items() if k in fields and v is not None}
 
 
+def executor_choices(scheduler: str) -> list[dict | None]:
+    """In-process ways to run a scheduler's draft: None for a scheduler without executors, else
+    one after the other, and overlapped on a thread (the CUDA-stream path of `inline`)."""
+    if "executor" not in config_fields(part_class("schedulers", scheduler)):
+        return [None]
+    thread = {"executor": "inline", "executor_options": {"overlap": "thread"}}
+    return [{"executor": "inline", "executor_options": {"overlap": "off"}}, thread]
+
+
 def drafting_schedulers() -> list[str]:
     return [n for n in names("schedulers") if part_class("schedulers", n).needs_draft]
 
@@ -259,6 +268,7 @@ def build(
     drafter: str = "chain",
     drafter_options: dict | None = None,
     verifier: str | None = None,
+    executor: dict | None = None,  # {"executor": name, "executor_options": {...}} for parallel schedulers
 ) -> hippo.Pipeline:
     """A pipeline from registry names; options are passed only to parts whose Config has them."""
     b = hippo.PipelineBuilder().target(target)
@@ -269,7 +279,7 @@ def build(
         .selector(selector, **options_for("selectors", selector, keep_ratio=keep_ratio, seed=selector_seed))
         .drafter(drafter, **(drafter_options or {}))
         .verifier(verifier)
-        .scheduler(scheduler, **options_for("schedulers", scheduler, gamma=gamma))
+        .scheduler(scheduler, **options_for("schedulers", scheduler, gamma=gamma, **(executor or {})))
         .build()
     )
 

@@ -61,6 +61,7 @@ def test_pipeline_equals_target_generate(adapter, scheduler, data):
         keep_ratio=data.draw(h.keep_ratios, label="keep ratio"),
         selector_seed=data.draw(st.none() | h.seeds, label="selector seed"),
         verifier=data.draw(verifiers, label="verifier"),
+        executor=data.draw(st.sampled_from(h.executor_choices(scheduler)), label="executor"),
     )
     max_new = data.draw(h.max_new_tokens, label="max_new_tokens")
     gen = greedy(max_new)

@@ -91,6 +91,8 @@ def configs() -> dict[str, dict]:
             out[s] = dict(scheduler=s)
             continue
         out[f"{s}-draft"] = dict(scheduler=s, draft="draft", gamma=3, keep_ratio=0.5)
+        for ex in h.executor_choices(s)[1:]:  # the overlapped in-process executor too
+            out[f"{s}-draft-thread"] = dict(scheduler=s, draft="draft", gamma=3, keep_ratio=0.5, executor=ex)
         out[f"{s}-self-corrupting"] = dict(scheduler=s, draft="self", gamma=3, keep_ratio=0.25, corrupt=True)
     return out
 

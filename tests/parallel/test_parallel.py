@@ -11,7 +11,9 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
+from types import SimpleNamespace
 
 import attrs
 import pytest
@@ -22,6 +24,7 @@ from hypothesis import strategies as st
 import hippo
 from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
 from hippo_plugins.drafters import ChainDrafter
+from hippo_plugins.executors import InlineExecutor
 
 _MODELS: dict = {}
 
@@ -292,3 +295,100 @@ def test_draft_process_exits_when_its_parent_is_killed():
     if _running(pid):
         os.kill(pid, signal.SIGKILL)
         pytest.fail("the draft process outlived its killed parent")
+
+
+# ---- inline with overlap="thread": the draft on a thread (and a CUDA stream on GPU) -------------
+# Greedy exactness and the sampling law of this mode are in the lossless harness
+# (`h.executor_choices`); here: that the overlap is real and measured, that a failing draft
+# thread falls back to the target, and that no thread outlives its pipeline.
+
+THREAD = {"executor": "inline", "executor_options": {"overlap": "thread"}}
+
+
+def draft_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("hippo-draft")]
+
+
+@pytest.mark.parametrize(
+    "overlap, self_spec, threaded",
+    [("auto", False, False), ("off", False, False), ("thread", False, True), ("thread", True, False)],
+)
+def test_when_the_draft_gets_a_thread(overlap, self_spec, threaded):
+    """On CPU, "auto" stays sequential; a model drafting for itself never runs two forwards at once."""
+    target, draft = models()
+    pipe = build("hippo", self_spec, executor="inline", executor_options={"overlap": overlap})
+    assert isinstance(pipe.scheduler.executor, InlineExecutor)
+    job = SimpleNamespace(pipeline=pipe)  # `threaded` reads the job's pipeline's adapters
+    assert pipe.scheduler.executor.threaded(job) is threaded
+
+
+@pytest.mark.parametrize("scheduler", ["pearl", "hippo"])
+def test_thread_overlap_is_lossless_and_measured(scheduler):
+    target, _ = models()
+    inputs = make_inputs(3, 56, 84, 6)
+    ref = target.generate(**inputs, max_new_tokens=24, do_sample=False)
+    pipe = build(scheduler, False, **THREAD)
+    hidden = []
+    for _ in range(3):
+        out = pipe.generate(inputs, max_new_tokens=24, do_sample=False)
+        assert torch.equal(out.sequences, ref)
+        s = out.stats
+        assert not s.fallback and s.seconds_draft_decode > 0 and s.seconds_draft_prefill > 0
+        assert 0.0 <= s.draft_hidden_fraction <= 1.0 + 1e-9
+        hidden.append(s.seconds_draft_overlapped)
+    assert max(hidden) > 0  # the draft's work and the target's really ran at the same time
+    pipe.close()
+    assert not draft_threads()
+
+
+def test_draft_thread_that_raises_falls_back_to_the_target(faulty_drafter):
+    target, draft = models()
+    inputs = make_inputs(2, 56, 56, 4)
+    ref = target.generate(**inputs, max_new_tokens=12, do_sample=False)
+    FaultyDrafter.calls = 0
+    pipe = (
+        hippo.PipelineBuilder()
+        .target(target)
+        .draft(draft)
+        .selector("uniform", keep_ratio=0.3)
+        .drafter("faulty", mode="raise", after=3)
+        .scheduler("hippo", **THREAD)
+        .build()
+    )
+    out = pipe.generate(inputs, max_new_tokens=12, do_sample=False)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.fallback and "injected draft failure" in out.stats.notes[0]
+    assert "thread" in out.stats.notes[0]
+    pipe.close()
+    assert not draft_threads()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheduler", ["pearl", "hippo"])
+def test_cuda_draft_runs_on_its_own_stream(scheduler):
+    """On a GPU, "auto" picks the thread and a side stream; outputs are the target's own."""
+    target, draft = (m.to("cuda") for m in models())
+    try:
+        inputs = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in make_inputs(3, 56, 84, 7).items()}
+        ref = target.generate(**inputs, max_new_tokens=24, do_sample=False)
+        pipe = build(scheduler, False, executor="inline")
+        streams = []
+        original = InlineExecutor.open
+
+        def spy(self, job):
+            worker = original(self, job)
+            streams.append(getattr(worker, "stream", None))
+            return worker
+
+        InlineExecutor.open = spy
+        try:
+            out = pipe.generate(inputs, max_new_tokens=24, do_sample=False)
+        finally:
+            InlineExecutor.open = original
+        assert torch.equal(out.sequences.cpu(), ref.cpu())
+        assert streams and isinstance(streams[0], torch.cuda.Stream)
+        assert streams[0] != torch.cuda.current_stream()
+        pipe.close()
+    finally:
+        for m in (target, draft):
+            m.to("cpu")
