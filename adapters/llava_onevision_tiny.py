@@ -16,20 +16,30 @@ SIZES = {
 IMAGE_SIZE, PATCH = 112, 14  # 8x8 patches, pooled to 4x4 = 16 tokens per frame
 
 
-def tiny_config(role: str = "target") -> LlavaOnevisionConfig:
-    s = SIZES[role]
+def tiny_config(
+    role: str = "target",
+    *,
+    sizes: dict | None = None,  # default SIZES[role]
+    vocab: int = VOCAB,
+    ids: tuple[int, int, int] = (BOS, EOS, 0),  # bos, eos, pad
+    media: tuple[int, int] = (IMAGE, VIDEO),  # image and video placeholder ids
+    image_size: int = IMAGE_SIZE,
+) -> LlavaOnevisionConfig:
+    """A small stock LLaVA-OneVision config (Qwen2 language model, SigLIP tower, patch 14)."""
+    s = sizes or SIZES[role]
+    bos, eos, pad = ids
     text = dict(
         model_type="qwen2",
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=s["hidden"],
         intermediate_size=s["ffn"],
         num_hidden_layers=s["layers"],
         num_attention_heads=s["heads"],
         num_key_value_heads=s["kv_heads"],
         max_position_embeddings=4096,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=0,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
     )
     vision = dict(
         model_type="siglip_vision_model",
@@ -37,15 +47,15 @@ def tiny_config(role: str = "target") -> LlavaOnevisionConfig:
         intermediate_size=2 * s["vit_hidden"],
         num_hidden_layers=s["vit_depth"],
         num_attention_heads=2,
-        image_size=IMAGE_SIZE,
+        image_size=image_size,
         patch_size=PATCH,
         vision_use_head=False,
     )
     return LlavaOnevisionConfig(
         text_config=text,
         vision_config=vision,
-        image_token_index=IMAGE,
-        video_token_index=VIDEO,
+        image_token_index=media[0],
+        video_token_index=media[1],
         vision_feature_layer=-1,
         vision_feature_select_strategy="full",
         tie_word_embeddings=False,

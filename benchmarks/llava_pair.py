@@ -53,6 +53,7 @@ from benchmarks.pair import CHECKSUMS, ChecksumError, file_sha256  # noqa: E402
 from benchmarks.task import COLOURS, MOTIONS, QUESTION, SHAPES, TaskConfig, content_score, sample  # noqa: E402
 from benchmarks.tokenizer import SPECIALS, VOCAB_SIZE, messages, vocabulary  # noqa: E402
 from hippo_adapters.llava_onevision import LlavaOnevisionAdapter  # noqa: E402
+from hippo_adapters.llava_onevision_tiny import tiny_config  # noqa: E402
 
 PAIR_DIR = Path(__file__).parent / "pair_llava"
 HELD_OUT = 10**9  # held-out seeds; training seeds stay far below
@@ -113,40 +114,14 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def pair_config(role: str) -> LlavaOnevisionConfig:
-    s = SIZES[role]
-    text = dict(
-        model_type="qwen2",
-        vocab_size=VOCAB_SIZE,
-        hidden_size=s["hidden"],
-        intermediate_size=s["ffn"],
-        num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"],
-        num_key_value_heads=s["kv_heads"],
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-    )
-    vision = dict(
-        model_type="siglip_vision_model",
-        hidden_size=s["vit_hidden"],
-        intermediate_size=2 * s["vit_hidden"],
-        num_hidden_layers=s["vit_depth"],
-        num_attention_heads=2,
+    cfg = tiny_config(
+        sizes=SIZES[role],
+        vocab=VOCAB_SIZE,
+        ids=(BOS, EOS, PAD),
+        media=(IDS["<image>"], IDS["<video>"]),
         image_size=TASK.size,
-        patch_size=14,
-        vision_use_head=False,
     )
-    cfg = LlavaOnevisionConfig(
-        text_config=text,
-        vision_config=vision,
-        image_token_index=IDS["<image>"],
-        video_token_index=IDS["<video>"],
-        vision_feature_layer=-1,
-        vision_feature_select_strategy="full",
-        tie_word_embeddings=False,
-    )
+    cfg.text_config.rms_norm_eps = 1e-6
     cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = BOS, EOS, PAD
     return cfg
 

@@ -5,15 +5,12 @@ Nothing is trained here; `python -m benchmarks.llava_pair --measure` gives the f
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
 from benchmarks.llava_pair import (
     HELD_OUT,
     MAX_NEW,
-    PAIR_DIR,
     SCHEMES,
     TASK,
     content_accuracy,
@@ -22,7 +19,6 @@ from benchmarks.llava_pair import (
     processor_inputs,
     reference,
 )
-from benchmarks.pair import ChecksumError
 from benchmarks.task import sample
 from hippo_adapters.llava_onevision import LlavaOnevisionAdapter
 
@@ -32,15 +28,6 @@ SEEDS = range(HELD_OUT, HELD_OUT + 8)
 @pytest.fixture(scope="module")
 def pair():
     return load_pair()  # checks every file's SHA-256 against checksums.json
-
-
-def test_a_changed_file_fails_the_checksum(tmp_path):
-    copy = tmp_path / "pair"
-    shutil.copytree(PAIR_DIR, copy)
-    config = copy / "draft" / "config.json"
-    config.write_text(config.read_text().replace('"hidden_act"', ' "hidden_act"', 1))
-    with pytest.raises(ChecksumError, match="draft/config.json"):
-        load_pair(copy)
 
 
 def test_target_reads_the_video(pair):

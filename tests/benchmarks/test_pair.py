@@ -31,13 +31,20 @@ def wide():
     return load_pair()[0]  # also checks the widened weights' SHA-256
 
 
-def test_a_changed_file_fails_the_checksum(tmp_path):
+@pytest.mark.parametrize("pair", ["qwen2_5_vl", "llava_onevision"])
+def test_a_changed_file_fails_the_checksum(tmp_path, pair):
+    from benchmarks import llava_pair
+
+    source, load = {
+        "qwen2_5_vl": (PAIR_DIR, lambda d: load_pair(directory=d)),
+        "llava_onevision": (llava_pair.PAIR_DIR, lambda d: llava_pair.load_pair(d)),
+    }[pair]
     copy = tmp_path / "pair"
-    shutil.copytree(PAIR_DIR, copy)
+    shutil.copytree(source, copy)
     config = copy / "draft" / "config.json"
     config.write_text(config.read_text().replace('"hidden_act"', ' "hidden_act"', 1))
     with pytest.raises(ChecksumError, match="draft/config.json"):
-        load_pair(directory=copy)
+        load(copy)
 
 
 def test_target_is_accurate_on_held_out_videos(small):
