@@ -8,6 +8,10 @@ what the tests use to exercise this path without a GPU.
 One task at a time, in submission order (a single-thread pool): prefill, then drafting. The
 worker owns its own sampling policy (its own seeded generator), as a draft process does, so the
 two threads never share a random generator.
+
+A draft that raises on its thread falls back to the target alone, as with a draft process. There
+is no timeout: a thread cannot be killed, so a hanging draft hangs the call; the `process`
+executor is the one that isolates faults.
 """
 
 from __future__ import annotations
