@@ -55,6 +55,18 @@ def methods(keep: float, gamma: int, *, quick: bool) -> list[Method]:
     serial = {"gamma": gamma}
     par = {"gamma": gamma, "executor": "process"}
     holistic = {"scorer": "holistic", "selector": "topk", "selector_options": _keep(keep)}
+
+    def hippo_row(name: str, group: str = "main", options: dict | None = None, **parts) -> Method:
+        """A `hippo` row, one core per model; holistic top-k unless `parts` say otherwise."""
+        return Method(
+            name,
+            scheduler="hippo",
+            scheduler_options={**par, **(options or {})},
+            parallel=True,
+            group=group,
+            **{**holistic, **parts},
+        )
+
     rows = [
         Method("HF generate (target alone)", hf="generate"),
         Method("HF assisted (full video)", hf="assisted"),
@@ -69,7 +81,7 @@ def methods(keep: float, gamma: int, *, quick: bool) -> list[Method]:
             selector_options=_keep(keep),
         ),
         Method("PEARL-video", scheduler="pearl", scheduler_options=par, parallel=True, **holistic),
-        Method("HIPPO", scheduler="hippo", scheduler_options=par, parallel=True, **holistic),
+        hippo_row("HIPPO"),
         Method("SD-tree (full video)", scheduler="serial_tree", scheduler_options=serial, drafter="tree"),
         Method(
             "SpecVLM (tree + SpecVLM pruning)",
@@ -90,86 +102,24 @@ def methods(keep: float, gamma: int, *, quick: bool) -> list[Method]:
     ]
     if quick:
         return rows
-    ablation = {
-        "scheduler": "hippo",
-        "scheduler_options": par,
-        "parallel": True,
-        "selector": "topk",
-        "selector_options": _keep(keep),
-        "scorer": "holistic",
-        "group": "ablation",
-    }
-    for drop in ("attention", "temporal", "spatial"):
-        comps = [c for c in ("attention", "temporal", "spatial") if c != drop]
-        rows.append(Method(f"HIPPO w/o {drop}", **{**ablation, "scorer_options": {"components": comps}}))
+    components = ("attention", "temporal", "spatial")
+    for drop in components:
+        kept = [c for c in components if c != drop]
+        rows.append(hippo_row(f"HIPPO w/o {drop}", "ablation", scorer_options={"components": kept}))
     rows.append(Method("HIPPO w/o VPSD (serial)", scheduler_options=serial, group="ablation", **holistic))
     for sel in ("random", "frame", "fastvid", "dycoke"):
-        rows.append(
-            Method(
-                f"HIPPO-{sel}",
-                scheduler="hippo",
-                scheduler_options=par,
-                parallel=True,
-                selector=sel,
-                selector_options=_keep(keep),
-                group="single-model",
-            )
-        )
+        rows.append(hippo_row(f"HIPPO-{sel}", "single-model", scorer=None, selector=sel))
     for ratio in (0.5, 0.25, 0.1, 0.05):
-        rows.append(
-            Method(
-                f"HIPPO keep {ratio:g}",
-                scheduler="hippo",
-                scheduler_options=par,
-                parallel=True,
-                scorer="holistic",
-                selector="topk",
-                selector_options=_keep(ratio),
-                group="sweep-keep",
-            )
-        )
+        rows.append(hippo_row(f"HIPPO keep {ratio:g}", "sweep-keep", selector_options=_keep(ratio)))
     for prune in ("late", "early"):  # two_phase is HIPPO's default (the main row)
-        rows.append(
-            Method(
-                f"HIPPO prune={prune}",
-                scheduler="hippo",
-                scheduler_options={**par, "prune": prune},
-                parallel=True,
-                **holistic,
-                group="prune-mode",
-            )
-        )
-    rows.append(  # not the issue's core split: the target borrows the draft's core for its prefill
-        Method(
-            "HIPPO, target prefill on 2 cores",
-            scheduler="hippo",
-            scheduler_options={**par, "executor_options": {"prefill_threads": 2}},
-            parallel=True,
-            **holistic,
-            group="cores",
-        )
-    )
+        rows.append(hippo_row(f"HIPPO prune={prune}", "prune-mode", {"prune": prune}))
+    # not the issue's core split: the target borrows the draft's core for its prefill
     rows.append(
-        Method(
-            "HIPPO auto γ",
-            scheduler="hippo",
-            scheduler_options={**par, "auto_gamma": True},
-            parallel=True,
-            **holistic,
-            group="sweep-gamma",
-        )
+        hippo_row("HIPPO, target prefill on 2 cores", "cores", {"executor_options": {"prefill_threads": 2}})
     )
+    rows.append(hippo_row("HIPPO auto γ", "sweep-gamma", {"auto_gamma": True}))
     for g in (g for g in (2, 3, 5, 8, 12) if g != gamma):  # γ = gamma is the main HIPPO row
-        rows.append(
-            Method(
-                f"HIPPO γ={g}",
-                scheduler="hippo",
-                scheduler_options={**par, "gamma": g},
-                parallel=True,
-                **holistic,
-                group="sweep-gamma",
-            )
-        )
+        rows.append(hippo_row(f"HIPPO γ={g}", "sweep-gamma", {"gamma": g}))
     return rows
 
 

@@ -14,6 +14,7 @@ Any failure of the draft side surfaces as `DraftFailure`; schedulers then finish
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -68,7 +69,15 @@ class DraftWorker(ABC):
 
 
 class Executor(Component):
-    """Places the draft (a `DraftWorker`) and times the target's work."""
+    """Places the draft (a `DraftWorker`) and times the target's work.
+
+    `target_busy` holds the wall-clock [start, end) of each piece of target work, which a worker
+    intersects with its own busy intervals to report the draft time hidden behind the target.
+    """
+
+    def __init__(self, config: Any = None):
+        super().__init__(config)
+        self.target_busy: list[tuple[float, float]] = []
 
     @abstractmethod
     def open(self, job: DecodeJob) -> DraftWorker:
@@ -76,7 +85,11 @@ class Executor(Component):
 
     def target(self, kind: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run one piece of target work in this process; `kind` is "prefill" or "verify"."""
-        return fn(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.target_busy.append((t0, time.perf_counter()))
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Shut down workers (processes, streams)."""

@@ -1,4 +1,5 @@
-"""In-process executors: `inline` (one after the other, or overlapped on a thread and a CUDA stream) and `simulated` (a virtual clock).
+"""In-process executors: `inline` (one after the other, or overlapped on a thread and a CUDA
+stream) and `simulated` (a virtual clock).
 
 `simulated` computes exactly what `inline` computes, but charges every forward a chosen virtual
 duration, so a test can force any interleaving of draft and target (how many tokens the draft has
@@ -83,10 +84,6 @@ class InlineExecutor(Executor):
     class Config:
         overlap: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "off", "thread")))
 
-    def __init__(self, config=None):
-        super().__init__(config)
-        self.target_busy: list[tuple[float, float]] = []
-
     def threaded(self, job: DecodeJob) -> bool:
         p = job.pipeline
         if self.config.overlap == "off" or p.draft_adapter.model is p.target_adapter.model:
@@ -96,13 +93,6 @@ class InlineExecutor(Executor):
     def open(self, job: DecodeJob) -> DraftWorker:
         self.target_busy = []
         return ThreadDraftWorker(job, self.target_busy) if self.threaded(job) else LocalDraftWorker(job)
-
-    def target(self, kind: str, fn, *args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            self.target_busy.append((t0, time.perf_counter()))
 
 
 class VirtualClock:

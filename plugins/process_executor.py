@@ -241,7 +241,6 @@ class ProcessExecutor(Executor):
         self._dp: _DraftProcess | None = None
         self._key = None
         self._saved_threads: int | None = None
-        self.target_busy: list[tuple[float, float]] = []
 
     def process_for(self, job: DecodeJob) -> _DraftProcess:
         adapter = job.pipeline.draft_adapter
@@ -272,11 +271,9 @@ class ProcessExecutor(Executor):
         threads = torch.get_num_threads()
         if kind == "prefill" and self.config.prefill_threads is not None:
             torch.set_num_threads(self.config.prefill_threads)
-        t0 = time.perf_counter()
         try:
-            return fn(*args, **kwargs)
+            return super().target(kind, fn, *args, **kwargs)
         finally:
-            self.target_busy.append((t0, time.perf_counter()))
             torch.set_num_threads(threads)
 
     @property

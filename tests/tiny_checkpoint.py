@@ -52,15 +52,20 @@ def vocabulary(shift: int = 0) -> dict[str, int]:
     return vocab
 
 
-def tiny_tokenizer(shift: int = 0):
+def tiny_tokenizer(shift: int = 0, extra_special: dict[str, int] | None = None):
+    """The word-level tokenizer; `extra_special` turns the words at those ids into special tokens."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordLevel(vocabulary(shift), unk_token="<unk>"))
+    extra = extra_special or {}
+    by_id = {i: t for t, i in extra.items()}
+    vocab = {by_id.get(i, t): i for t, i in vocabulary(shift).items()}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
     )
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
+    specials = [*SPECIAL, *extra]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>",

@@ -18,7 +18,7 @@ from hippo_adapters.video_salmonn2_plus import VideoSalmonn2PlusAdapter
 from hippo_adapters.video_salmonn2_plus_tiny import AUDIO, synthetic_inputs, tiny_model
 
 pytest.importorskip("av")
-from tiny_checkpoint import CHAT_TEMPLATE, SPECIAL, tiny_tokenizer, vocabulary, write_video  # noqa: E402
+from tiny_checkpoint import tiny_tokenizer, write_video  # noqa: E402
 
 F64 = torch.float64
 PROMPT = "describe the video ."
@@ -31,24 +31,7 @@ MAX_PIXELS = SIZE * SIZE
 
 def av_tokenizer():
     """tiny_checkpoint's tokenizer with id 154 as the special token `<|audio_pad|>`."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    special = {**SPECIAL, "<|audio_pad|>": AUDIO}
-    vocab = {("<|audio_pad|>" if i == AUDIO else t): i for t, i in vocabulary().items()}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
-    )
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        chat_template=CHAT_TEMPLATE,
-    )
+    return tiny_tokenizer(extra_special={"<|audio_pad|>": AUDIO})
 
 
 @pytest.fixture(scope="module")
