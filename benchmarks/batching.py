@@ -41,7 +41,10 @@ def make_batch(tokenizer, samples: list[Sample]) -> Batch:
     grid = torch.cat(grids)
     assert bool((grid == grid[:1]).all()), "a batch holds videos of one size"
     n = int(grid[0].prod()) // 4
-    prompt = torch.tensor(prompt_ids(tokenizer, n))
+    assert all(s.question == samples[0].question and s.fps == samples[0].fps for s in samples), (
+        "a batch holds one question and one frame rate"
+    )
+    prompt = torch.tensor(prompt_ids(tokenizer, n, samples[0].question))
     video_rows = (prompt == tokenizer.convert_tokens_to_ids("<|video_pad|>")).nonzero().flatten()
     caps = [caption_ids(tokenizer, s.caption) for s in samples]
     Lc = max(map(len, caps))
@@ -52,7 +55,7 @@ def make_batch(tokenizer, samples: list[Sample]) -> Batch:
         labels[i, : len(c)] = torch.tensor(c)
     names = samples[0].token_labels.keys()
     token_labels = {k: torch.stack([s.token_labels[k] for s in samples]) for k in names}
-    spg = seconds_per_grid(samples[0].video.shape[0] / CLIP_SECONDS)
+    spg = seconds_per_grid(samples[0].fps or samples[0].video.shape[0] / CLIP_SECONDS)
     return Batch(torch.cat(pix), grid, prompt, video_rows, captions, labels, token_labels, spg)
 
 

@@ -7,7 +7,7 @@ benchmarks/pair/ holds target/ and draft/ (safetensors, config, tokenizer) and c
 the SHA-256 of every committed file, and of the widened target's weights, which `widen` rebuilds
 deterministically at load time instead of being committed.
 
-    python -m benchmarks.pair --write    # record the checksums of the checkpoints in pair/
+    python -m benchmarks.pair --write [--dir benchmarks/pair_narrate]   # record a pair's checksums
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from transformers import PreTrainedTokenizerFast, Qwen2_5_VLForConditionalGenera
 from benchmarks.models import set_generation_defaults
 from benchmarks.widen import weights_digest, widen
 
-PAIR_DIR = Path(__file__).parent / "pair"
+PAIR_DIR = Path(__file__).parent / "pair"  # the captioning pair
+NARRATE_DIR = Path(__file__).parent / "pair_narrate"  # the narration pair (the benchmark's default)
 CHECKSUMS = "checksums.json"
-WIDEN = {"k": 4, "m": 4}  # residual/attention x4, MLP x16
+#: how each committed pair's target is widened (k: residual/attention, m: MLP neurons per unit)
+WIDEN = {PAIR_DIR.name: {"k": 4, "m": 4}, NARRATE_DIR.name: {"k": 8, "m": 4}}
 
 
 class ChecksumError(RuntimeError):
@@ -70,18 +72,28 @@ def load_pair(
     target = _load(directory / "target", torch.float32)
     draft = _load(directory / "draft", dtype)
     if wide:
-        target = widen(target, **WIDEN)
+        target = widen(target, **widening(directory))
         if sums is not None and weights_digest(target) != sums["widened_target"]["weights_sha256"]:
             raise ChecksumError("the widened target's weights differ from the recorded checksum")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory / "target")
     return target.to(dtype), draft, tokenizer
 
 
+def widening(directory: Path) -> dict[str, int]:
+    """The widening factors of a pair: recorded in its checksums.json, else by its folder's name."""
+    sums = directory / CHECKSUMS
+    if sums.is_file():
+        w = json.loads(sums.read_text())["widened_target"]
+        return {"k": w["k"], "m": w["m"]}
+    return WIDEN.get(directory.name, WIDEN[NARRATE_DIR.name])
+
+
 def write_checksums(directory: Path = PAIR_DIR) -> dict:
     target = _load(directory / "target", torch.float32)
+    factors = WIDEN.get(directory.name, WIDEN[NARRATE_DIR.name])
     sums = {
         "files": {p.relative_to(directory).as_posix(): file_sha256(p) for p in _files(directory)},
-        "widened_target": {**WIDEN, "weights_sha256": weights_digest(widen(target, **WIDEN))},
+        "widened_target": {**factors, "weights_sha256": weights_digest(widen(target, **factors))},
     }
     (directory / CHECKSUMS).write_text(json.dumps(sums, indent=1) + "\n")
     return sums

@@ -66,6 +66,8 @@ class TaskConfig:
     max_objects: int = 3
     radius: tuple[float, float] = (10.0, 13.0)
     speed: tuple[float, float] = (6.0, 8.0)  # px per frame (capped so the path fits the frame)
+    clip_seconds: float = CLIP_SECONDS  # the narration task fixes the frame rate instead (4 fps)
+    cues: bool = False  # narration: the background shows the time step (hue) and the 3x3 cell (brightness)
 
     @property
     def grid(self) -> tuple[int, int, int]:  # merged visual tokens (t, h, w)
@@ -73,7 +75,7 @@ class TaskConfig:
 
     @property
     def fps(self) -> float:
-        return self.frames / CLIP_SECONDS
+        return self.frames / self.clip_seconds
 
     @property
     def visual_tokens(self) -> int:
@@ -105,6 +107,8 @@ class Sample:
     token_labels: dict[str, torch.Tensor] = field(
         default_factory=dict
     )  # name -> [t*h*w]: 0 background, -1 unknown
+    question: str = QUESTION  # the prompt `caption` answers
+    fps: float = 0.0  # frames per second of the clip (0: the captioning task's, frames / CLIP_SECONDS)
 
 
 def caption_of(objects: list[Obj]) -> str:
@@ -169,6 +173,46 @@ def _background(cfg: TaskConfig, gen: torch.Generator) -> torch.Tensor:  # -> [H
     img = img.permute(1, 2, 0).clamp(0, 1)
     img[:BORDER], img[-BORDER:], img[:, :BORDER], img[:, -BORDER:] = 1.0, 1.0, 1.0, 1.0
     return img
+
+
+#: the step clock: the background's hue turns a full circle over 16 temporal patches (8 s at 4 fps)
+CLOCK_STEPS = 16
+CLOCK_TINT = 0.10  # radius of the hue circle, in RGB units around grey
+CELL_SHADE = (-0.12, -0.09, -0.06, -0.03, 0.0, 0.03, 0.06, 0.09, 0.12)  # brightness per 3x3 cell, row-major
+
+
+def _cell_index(coord: torch.Tensor, size: int) -> torch.Tensor:  # px centre coordinates -> 0, 1, 2
+    return (3 * coord / size).long().clamp(0, 2)
+
+
+def _with_cues(video: torch.Tensor, cfg: TaskConfig) -> torch.Tensor:  # [T, H, W, 3] -> same
+    """Make time and place visible, as a clock on the wall and a tiled floor would: every frame's
+    background is tinted by its temporal patch's hue (a step clock every visual token sees), and
+    each cell of a 3 x 3 grid has its own brightness. Objects are drawn over it afterwards."""
+    T, S = cfg.frames, cfg.size
+    step = torch.arange(T) // TEMPORAL
+    angle = 2 * torch.pi * step.float() / CLOCK_STEPS
+    # two opponent axes: red-green and blue-yellow (unit norm, zero sum: grey stays grey on average)
+    rg = torch.tensor([1.0, -1.0, 0.0]) / 2**0.5
+    by = torch.tensor([-0.5, -0.5, 1.0]) / 1.5**0.5
+    tint = CLOCK_TINT * (angle.cos()[:, None] * rg + angle.sin()[:, None] * by)  # [T, 3]
+    coords = torch.arange(S, dtype=torch.float32) + 0.5
+    rows, cols = _cell_index(coords, S), _cell_index(coords, S)
+    shade = torch.tensor(CELL_SHADE)[rows[:, None] * 3 + cols[None, :]]  # [H, W]
+    border = torch.zeros(S, S, dtype=torch.bool)
+    border[:BORDER], border[-BORDER:], border[:, :BORDER], border[:, -BORDER:] = True, True, True, True
+    cued = video + tint[:, None, None, :] + shade[None, :, :, None]
+    return torch.where(border[None, :, :, None], video, cued.clamp(0, 1))
+
+
+def _cue_labels(cfg: TaskConfig) -> dict[str, torch.Tensor]:
+    """Per merged visual token, 1-based: its temporal patch (the step) and the 3 x 3 cell of its centre."""
+    t, h, w = cfg.grid
+    centre = (torch.arange(h, dtype=torch.float32) + 0.5) * MERGED
+    cell = _cell_index(centre, cfg.size)
+    cells = (cell[:, None] * 3 + cell[None, :]).expand(t, h, w)
+    steps = torch.arange(t).view(t, 1, 1).expand(t, h, w)
+    return {"step": steps.flatten() + 1, "cell": cells.flatten() + 1}
 
 
 def _mask(shape: int, cx: torch.Tensor, cy: torch.Tensor, r: float, S: int) -> torch.Tensor:
@@ -261,6 +305,8 @@ def sample(seed: int, cfg: TaskConfig = TaskConfig(), *, blank: bool = False) ->
                 objects.append(obj)
                 break
     video = _background(cfg, gen).expand(T, S, S, 3).clone()  # [T, H, W, 3]
+    if cfg.cues:
+        video = _with_cues(video, cfg)
     masks = []
     for o in objects:
         m = _mask(o.shape, o.centres[:, 0], o.centres[:, 1], o.radius, S) & o.visible.view(T, 1, 1)
@@ -268,9 +314,11 @@ def sample(seed: int, cfg: TaskConfig = TaskConfig(), *, blank: bool = False) ->
         video = torch.where(m[..., None], shade.clamp(0, 1), video)
         masks.append(m)
     labels = _token_labels(cfg, objects, masks)
+    if cfg.cues:
+        labels.update(_cue_labels(cfg))
     if blank:
         video = torch.full_like(video, 0.5)
-    return Sample(video=video, objects=objects, caption=caption_of(objects), token_labels=labels)
+    return Sample(video=video, objects=objects, caption=caption_of(objects), token_labels=labels, fps=cfg.fps)
 
 
 def chance_content_accuracy(seeds: range, cfg: TaskConfig = TaskConfig()) -> float:

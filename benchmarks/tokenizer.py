@@ -17,6 +17,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from benchmarks.narration import NARRATION_WORDS
 from benchmarks.task import CAPTION_WORDS, CLIP_SECONDS, QUESTION
 from hippo_adapters.qwen2_5_vl_tiny import frames_to_pixel_values
 
@@ -49,7 +50,7 @@ CHAT_TEMPLATE = (
 
 
 def vocabulary() -> dict[str, int]:
-    words = list(dict.fromkeys((*CAPTION_WORDS, *CHAT_WORDS)))
+    words = list(dict.fromkeys((*CAPTION_WORDS, *CHAT_WORDS, *NARRATION_WORDS)))  # appended: ids only grow
     vocab = {tok: i for i, tok in enumerate((*SPECIALS, *words))}
     assert len(vocab) <= VOCAB_SIZE
     return vocab

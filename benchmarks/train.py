@@ -34,19 +34,24 @@ import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import random  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: E402
 
 from benchmarks.batching import IGNORE, lm_inputs, make_batch, select_kept
-from benchmarks.models import n_params, new_model
-from benchmarks.task import COLOURS, MOTIONS, SHAPES, TaskConfig, sample
+from benchmarks.models import n_params, new_model, set_generation_defaults
+from benchmarks.narration import draw_batch_question, narration_config, narration_sample
+from benchmarks.task import CLOCK_STEPS, COLOURS, MOTIONS, SHAPES, TaskConfig, sample
 from benchmarks.tokenizer import build_tokenizer
 
 AUX_CLASSES = {"colour": len(COLOURS) + 1, "shape": len(SHAPES) + 1, "motion": len(MOTIONS) + 1}
+#: the narration clips' visible cues (task.py `cues`): every token's time step and 3 x 3 cell, 1-based
+CUE_CLASSES = {"step": CLOCK_STEPS + 1, "cell": 10}
 TAPS = ("vision", "middle", "last")
 TRAIN_SEED_STRIDE = (
     10_000_019  # sample seeds: (16 seed + phase) * stride + 16 step + i, far below held-out ones
@@ -66,6 +71,8 @@ class Phase:
     vision_lr_scale: float = 1.0  # the vision encoder (not its merger) learns this much slower
     one_object_frac: float = 0.0  # curriculum: the phase's first steps show one object only
     prune_frac: float = 0.0  # fraction of steps (after the curriculum) with pruned visual inputs
+    task: str = "caption"  # "caption" (task.py) or "narrate" (narration.py: one question per batch)
+    teacher: str | None = None  # distil: answers are this checkpoint's greedy outputs, not the references
 
 
 @dataclass
@@ -81,15 +88,17 @@ class TrainConfig:
     aux_object_weight: float = 4.0  # object tokens count this many times a background token
     keep_range: tuple[float, float] = (0.05, 0.3)  # kept share of the visual tokens when pruned
     overrides: dict = field(default_factory=dict)  # model size overrides
+    init: str | None = None  # start from this checkpoint directory instead of a random model
 
 
 class AuxHeads(torch.nn.Module):
     """Training-only linear read-outs of per-visual-token labels at several depths."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, cues: bool = False):
         super().__init__()
+        classes = {**AUX_CLASSES, **CUE_CLASSES} if cues else AUX_CLASSES
         self.heads = torch.nn.ModuleDict(
-            {f"{tap}_{name}": torch.nn.Linear(dim, n) for tap in TAPS for name, n in AUX_CLASSES.items()}
+            {f"{tap}_{name}": torch.nn.Linear(dim, n) for tap in TAPS for name, n in classes.items()}
         )
 
     def loss(
@@ -97,13 +106,14 @@ class AuxHeads(torch.nn.Module):
     ) -> torch.Tensor:
         # h [B, N, D]; labels name -> [B, N]
         total = h.new_zeros(())
-        for name in AUX_CLASSES:
+        names = [n for n in (*AUX_CLASSES, *CUE_CLASSES) if f"{tap}_{n}" in self.heads and n in labels]
+        for name in names:
             y = labels[name]  # -1: unknown, left out
             w = (1.0 + (obj_weight - 1.0) * (y > 0).float()) * (y >= 0).float()
             logits = self.heads[f"{tap}_{name}"](h).flatten(0, 1)
             ce = F.cross_entropy(logits, y.clamp(min=0).flatten(), reduction="none")
             total = total + (ce * w.flatten()).sum() / w.sum()
-        return total / len(AUX_CLASSES)
+        return total / len(names)
 
 
 def step_loss(model, aux: AuxHeads, batch, cfg: TrainConfig, keep: torch.Tensor | None):
@@ -162,9 +172,25 @@ def lr_at(step: int, phase: Phase, cfg: TrainConfig) -> float:
 def _samples(cfg: TrainConfig, index: int, phase: Phase, step: int) -> list:
     px, frames, batch = phase.sizes[step % len(phase.sizes)]
     one = step < phase.one_object_frac * phase.steps
-    task = TaskConfig(size=px, frames=frames, max_objects=1 if one else 3)
     base = (cfg.seed * 16 + index) * TRAIN_SEED_STRIDE + step * 16
+    if phase.task == "narrate":
+        task = narration_config(px, frames, max_objects=1 if one else 3)
+        ask = draw_batch_question(random.Random(base))
+        return [narration_sample(base + i, task, ask=ask) for i in range(batch)]
+    task = TaskConfig(size=px, frames=frames, max_objects=1 if one else 3)
     return [sample(base + i, task) for i in range(batch)]
+
+
+def distilled(teacher, tokenizer, samples: list) -> list:
+    """The samples with the teacher's greedy answers in place of the references (for agreement)."""
+    from benchmarks.evaluate import greedy_ids
+
+    eos = tokenizer.eos_token_id
+    with torch.inference_mode():
+        answers = greedy_ids(teacher, make_batch(tokenizer, samples), max_new_tokens=400, eos=eos)
+    return [
+        replace(s, caption=tokenizer.decode([t for t in a if t != eos])) for s, a in zip(samples, answers)
+    ]
 
 
 def _keep(cfg: TrainConfig, batch, gen: torch.Generator) -> torch.Tensor:  # -> [B, k]
@@ -186,9 +212,17 @@ def run_phase(model, aux: AuxHeads, tokenizer, cfg: TrainConfig, index: int, log
     opt = _optimizer(params, phase.lr, cfg.weight_decay, slow, phase.vision_lr_scale)
     gen = torch.Generator().manual_seed(cfg.seed * 16 + index + 17)
     D = model.config.text_config.hidden_size
+    teacher = None
+    if phase.teacher is not None:
+        teacher = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            phase.teacher, dtype=torch.float32
+        ).eval()
     t0, hist = time.perf_counter(), []
     for step in range(phase.steps):
-        batch = make_batch(tokenizer, _samples(cfg, index, phase, step))
+        samples = _samples(cfg, index, phase, step)
+        if teacher is not None:
+            samples = distilled(teacher, tokenizer, samples)
+        batch = make_batch(tokenizer, samples)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, phase, cfg) * g["scale"]
         if phase.vision_only:
@@ -215,7 +249,8 @@ def run_phase(model, aux: AuxHeads, tokenizer, cfg: TrainConfig, index: int, log
 
 def _phase_key(cfg: TrainConfig, index: int) -> str:
     fixed = {k: v for k, v in asdict(cfg).items() if k != "phases"}
-    text = json.dumps([fixed, [asdict(p) for p in cfg.phases[: index + 1]]], sort_keys=True, default=str)
+    phases = [{k: v for k, v in asdict(p).items() if v is not None or k != "teacher"} for p in cfg.phases]
+    text = json.dumps([fixed, phases[: index + 1]], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -225,8 +260,12 @@ def train(cfg: TrainConfig, log=print, cache: Path | None = None):
     deterministic, so reusing a phase gives the same result as re-running it)."""
     torch.manual_seed(cfg.seed)
     tokenizer = build_tokenizer()
-    model = new_model(cfg.role, seed=cfg.seed, **cfg.overrides).train()
-    aux = AuxHeads(model.config.text_config.hidden_size)
+    if cfg.init is not None:
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(cfg.init, dtype=torch.float32).train()
+        set_generation_defaults(model)
+    else:
+        model = new_model(cfg.role, seed=cfg.seed, **cfg.overrides).train()
+    aux = AuxHeads(model.config.text_config.hidden_size, cues=any(p.task == "narrate" for p in cfg.phases))
     log(f"[{cfg.role}] {n_params(model) / 1e6:.3f}M params; {asdict(cfg)}")
     t0 = time.perf_counter()
     for index, phase in enumerate(cfg.phases):
@@ -245,12 +284,15 @@ def train(cfg: TrainConfig, log=print, cache: Path | None = None):
     return model, tokenizer, time.perf_counter() - t0
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None, defaults: dict | None = None, out: Path | None = None, doc: str | None = None) -> None:
+    defaults = DEFAULTS if defaults is None else defaults
+    p = argparse.ArgumentParser(
+        description=doc or __doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--role", choices=["target", "draft", "both"], default="both")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every phase's steps (quick tries)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "pair")
+    p.add_argument("--out", type=Path, default=out or Path(__file__).parent / "pair")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cache", type=Path, default=None, help="keep/reuse finished phases here (development)")
     args = p.parse_args(argv)
@@ -258,7 +300,7 @@ def main(argv=None) -> None:
     roles = ["target", "draft"] if args.role == "both" else [args.role]
     total = 0.0
     for role in roles:
-        cfg = DEFAULTS[role]
+        cfg = defaults[role]
         phases = [replace(ph, steps=max(1, round(ph.steps * args.scale))) for ph in cfg.phases]
         cfg = replace(cfg, seed=args.seed, phases=phases)
         model, tokenizer, seconds = train(cfg, cache=args.cache)

@@ -12,7 +12,7 @@ import torch
 
 from benchmarks.batching import make_batch
 from benchmarks.evaluate import HELD_OUT, evaluate, greedy_ids
-from benchmarks.pair import PAIR_DIR, ChecksumError, load_pair
+from benchmarks.pair import NARRATE_DIR, PAIR_DIR, ChecksumError, load_pair
 from benchmarks.task import TaskConfig, sample
 from benchmarks.tokenizer import processor_inputs
 from benchmarks.widen import max_logit_difference, norms_in_input_dtype, widen
@@ -31,12 +31,13 @@ def wide():
     return load_pair()[0]  # also checks the widened weights' SHA-256
 
 
-@pytest.mark.parametrize("pair", ["qwen2_5_vl", "llava_onevision"])
+@pytest.mark.parametrize("pair", ["qwen2_5_vl", "narrate", "llava_onevision"])
 def test_a_changed_file_fails_the_checksum(tmp_path, pair):
     from benchmarks import llava_pair
 
     source, load = {
         "qwen2_5_vl": (PAIR_DIR, lambda d: load_pair(directory=d)),
+        "narrate": (NARRATE_DIR, lambda d: load_pair(directory=d)),
         "llava_onevision": (llava_pair.PAIR_DIR, lambda d: llava_pair.load_pair(d)),
     }[pair]
     copy = tmp_path / "pair"

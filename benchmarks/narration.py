@@ -1,0 +1,188 @@
+"""Dense narration of a synthetic clip: long answers (about 150-300 tokens) that depend on every time step.
+
+The clips are the captioning task's (`task.py`: coloured shapes that move, appear or disappear
+over a textured background) shown at a fixed 4 fps, so each temporal patch of two frames is half
+a second and one M-RoPE temporal position: step k of the narration is temporal position k - 1.
+The answer narrates every step of the clip, in colour order, each object that is visible:
+
+    step one : red circle top left moves right . blue square middle center still .
+    step two : red circle top center moves right . blue square middle center disappears .
+    step three : red circle top center moves right .
+    ...
+
+Row and column name the object's cell of a 3 x 3 grid at that step, so a moving object changes
+its clause exactly when it crosses a cell border: a draft that loses one step's object tokens
+mispredicts that step's clause. The prompt varies, so what the answer needs from the video
+depends on the question (the target's attention from the question to the video carries that):
+
+- `narrate the video .`: every object at every step (the long answer);
+- `narrate the red object .`: one object's clauses (`nothing .` at steps where it is not visible);
+- `where does the triangle go ?`: one object's cell per step (`step one : top left .`).
+
+Everything is a pure function of (seed, config), like the captioning task.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import torch
+
+from benchmarks.task import COLOURS, MOTION_WORDS, MOTIONS, SHAPES, TEMPORAL, Obj, Sample, TaskConfig, sample
+
+FPS = 4.0  # frames per second: one temporal patch (2 frames) = 0.5 s = one M-RoPE temporal position
+MAX_STEPS = 16
+NUMBERS = (
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
+).split()
+ROWS = ("top", "middle", "bottom")
+COLUMNS = ("left", "center", "right")
+KINDS = ("all", "colour", "shape")
+#: the share of each question kind in training and evaluation draws
+KIND_WEIGHTS = (0.6, 0.2, 0.2)
+#: words the narration task adds to the captioning vocabulary, in a fixed order
+NARRATION_WORDS = (
+    *NUMBERS[3:],
+    "step",
+    ":",
+    "top",
+    "middle",
+    "bottom",
+    "center",
+    "still",
+    "narrate",
+    "where",
+    "does",
+    "go",
+    "nothing",
+)
+
+
+def narration_config(size: int = 112, frames: int = 32, **kw) -> TaskConfig:
+    """A task config at 4 fps (the clip lasts frames / 4 seconds); at most 16 steps (32 frames)."""
+    if frames % TEMPORAL or not 2 <= frames <= TEMPORAL * MAX_STEPS:
+        raise ValueError(f"frames must be even and at most {TEMPORAL * MAX_STEPS}, got {frames}")
+    return TaskConfig(size=size, frames=frames, clip_seconds=frames / FPS, cues=True, **kw)
+
+
+#: the benchmark setting: 168 px, 32 frames (8 s at 4 fps), 16 steps, 576 visual tokens, 2-3 objects
+#: (so that narrating everything takes more than 256 tokens)
+NARRATE_BENCH = narration_config(168, 32, min_objects=2)
+
+
+def question(kind: str, arg: str | None = None) -> str:
+    if kind == "all":
+        return "narrate the video ."
+    if kind == "colour":
+        return f"narrate the {arg} object ."
+    if kind == "shape":
+        return f"where does the {arg} go ?"
+    raise ValueError(f"unknown question kind {kind!r}; one of {KINDS}")
+
+
+def _cell(obj: Obj, step: int, size: int) -> str:
+    x, y = obj.centres[TEMPORAL * step : TEMPORAL * step + TEMPORAL].mean(0).tolist()  # the patch's centre
+    return f"{ROWS[min(2, int(3 * y / size))]} {COLUMNS[min(2, int(3 * x / size))]}"
+
+
+def _doing(obj: Obj, step: int) -> str | None:
+    """What the object does at this step, or None when it is not visible at all."""
+    seen = obj.visible[TEMPORAL * step : TEMPORAL * step + TEMPORAL].tolist()
+    if not any(seen):
+        return None
+    if not all(seen):  # the change happens inside the patch
+        return "appears" if seen[-1] else "disappears"
+    motion = MOTIONS[obj.motion]
+    return "still" if motion in ("appears", "disappears") else MOTION_WORDS[motion]
+
+
+def narrate(objects: list[Obj], cfg: TaskConfig, kind: str = "all", arg: str | None = None) -> str:
+    """The reference answer to `question(kind, arg)` about a clip with these objects."""
+    steps = cfg.frames // TEMPORAL
+    objects = sorted(objects, key=lambda o: o.colour)
+    if kind == "colour":
+        objects = [o for o in objects if COLOURS[o.colour] == arg]
+    elif kind == "shape":
+        objects = [o for o in objects if SHAPES[o.shape] == arg]
+    parts = []
+    for j in range(steps):
+        clauses = []
+        for o in objects:
+            doing = _doing(o, j)
+            if doing is None:
+                continue
+            where = _cell(o, j, cfg.size)
+            if kind == "shape":
+                clauses.append(f"{where} .")
+            else:
+                clauses.append(f"{COLOURS[o.colour]} {SHAPES[o.shape]} {where} {doing} .")
+        parts.append(f"step {NUMBERS[j]} : " + (" ".join(clauses) if clauses else "nothing ."))
+    return " ".join(parts)
+
+
+def draw_question(rng: random.Random, objects: list[Obj]) -> tuple[str, str | None]:
+    """A question kind and its argument: a colour on screen, or a shape only one object has."""
+    kind = rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
+    if kind == "colour":
+        return kind, COLOURS[rng.choice(objects).colour]
+    if kind == "shape":
+        unique = [o.shape for o in objects if sum(p.shape == o.shape for p in objects) == 1]
+        if unique:
+            return kind, SHAPES[rng.choice(unique)]
+    return "all", None
+
+
+def narration_sample(
+    seed: int,
+    cfg: TaskConfig = NARRATE_BENCH,
+    *,
+    ask: tuple[str, str | None] | None = None,
+    blank: bool = False,
+) -> Sample:
+    """A clip and the answer to one question about it: `ask` = (kind, arg), or drawn from the seed.
+
+    A colour or shape that no object has gets `nothing .` at every step; a shape two objects
+    share gets both cells, in colour order.
+    """
+    clip = sample(seed, cfg, blank=blank)
+    kind, arg = ask if ask is not None else draw_question(random.Random(seed ^ 0x5EED), clip.objects)
+    return replace(clip, caption=narrate(clip.objects, cfg, kind, arg), question=question(kind, arg))
+
+
+def draw_batch_question(rng: random.Random) -> tuple[str, str | None]:
+    """One question for a whole training batch (a batch shares its prompt)."""
+    kind = rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
+    return kind, {"all": None, "colour": rng.choice(COLOURS), "shape": rng.choice(SHAPES)}[kind]
+
+
+def split_steps(text: str) -> dict[str, list[str]]:
+    """Narration words per step (keyed by the step's number word); text outside a step is dropped."""
+    steps: dict[str, list[str]] = {}
+    current = None
+    words = text.split()
+    for i, w in enumerate(words):
+        if w == "step" and i + 1 < len(words) and words[i + 1] in NUMBERS:
+            current = words[i + 1]
+            steps[current] = []
+        elif current is not None:
+            steps[current].append(w)
+    return steps
+
+
+def step_token_score(generated: str, reference: str) -> tuple[int, int]:
+    """Words right, out of the reference's, compared position by position within each step.
+
+    Aligning per step keeps one early slip (an object named at the wrong step) from shifting
+    every later word; a missing or extra step counts all its reference words wrong.
+    """
+    gen, ref = split_steps(generated), split_steps(reference)
+    right = sum(2 + sum(g == r for g, r in zip(gen[k], words)) for k, words in ref.items() if k in gen)
+    return right, sum(2 + len(words) for words in ref.values())  # 2: "step" and the step's number
+
+
+def answer_lengths(
+    seeds: range, cfg: TaskConfig = NARRATE_BENCH, ask: tuple[str, str | None] | None = None
+) -> torch.Tensor:
+    """Words in the reference answers (each word is one token of the benchmark tokenizer)."""
+    return torch.tensor([len(narration_sample(s, cfg, ask=ask).caption.split()) for s in seeds])
