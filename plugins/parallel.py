@@ -31,7 +31,7 @@ from hippo.executor import DraftFailure, DraftWorker, Executor
 from hippo.interfaces import Scheduler, make_config
 from hippo.job import DecodeJob
 from hippo.registry import lookup
-from hippo.types import DraftProposal
+from hippo.types import DraftProposal, Verdict
 
 log = logging.getLogger("hippo")
 
@@ -40,6 +40,12 @@ PRUNE = ("late", "early", "two_phase")
 
 def _cat(prefix: torch.Tensor, prop: DraftProposal) -> torch.Tensor:  # -> [T + γ]
     return torch.cat([prefix, prop.tokens.cpu()])
+
+
+def _continues(job: DecodeJob, verdict: Verdict) -> bool:
+    """The draft's continuation is usable: the round accepted the whole chain it continues (so it
+    drew no bonus token; the target's last logits check the continuation) and decoding goes on."""
+    return verdict.next_token is None and not job.done
 
 
 @attrs.frozen
@@ -129,7 +135,7 @@ class ParallelScheduler(Scheduler):
                         worker.submit(_cat(prefix, x1), gamma - 1)
                     verdict = ex.target("verify", job.verify_round, target, x1, bonus=False)
                     if gamma > 1:
-                        if verdict.n_accepted == x1.gamma and not job.done:
+                        if _continues(job, verdict):
                             rest = worker.collect()
                             unverified = rest if rest.gamma else None
                         else:
@@ -137,7 +143,7 @@ class ParallelScheduler(Scheduler):
                 else:  # optimistic / post-verify
                     worker.submit(_cat(prefix, unverified), gamma)
                     verdict = ex.target("verify", job.verify_round, target, unverified, bonus=False)
-                    if verdict.n_accepted == unverified.gamma and not job.done:
+                    if _continues(job, verdict):
                         nxt = worker.collect()
                         unverified = nxt if nxt.gamma else None
                     else:

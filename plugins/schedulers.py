@@ -33,12 +33,10 @@ class SerialScheduler(Scheduler):
         job.first_token(target)
         if job.done:
             return
-        draft = job.prefill_draft()
-        drafter = job.pipeline.drafter
+        draft = job.draft_side()
         while not job.done:
             gamma = min(self.config.gamma, job.remaining - 1)
-            proposal = drafter.propose(draft, job.prefix(), gamma, job.policy)
-            job.verify_round(target, proposal)
+            job.verify_round(target, draft.propose(job.prefix(), gamma))
 
 
 @hookimpl

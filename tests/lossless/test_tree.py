@@ -28,7 +28,7 @@ from test_sampling import GEN, law_of, prompt, tv_threshold
 
 import hippo
 from hippo.interfaces import Drafter
-from hippo_plugins.tree import TreeDrafter, TreeProposal, chain_of, compact, score_tree
+from hippo_plugins.tree import TreeDrafter, TreeProposal, chain_of, score_tree
 
 ADAPTERS = h.adapter_params()
 CORRUPT_TREE = "test-corrupting-tree"
@@ -193,11 +193,14 @@ def test_tree_forward_matches_each_path_run_alone(adapter, n, seed, pending, his
     root = ad.prefill(encoded, None).forward(extra)[-1]
     torch.testing.assert_close(logits[pending - 1], root, rtol=0, atol=1e-9)
 
-    # compaction: keep the path to the deepest last node, then continue; compare with a fresh run
+    # compaction: keep the pending tokens and the path to the last node, then continue; compare
+    # with a fresh run
     path = tree.path(n - 1)
-    compact(session, past + pending, path, logits[pending + path[-1]])
-    session.length += pending + len(path)
-    session.generated.extend([*extra[history:].tolist(), *tree.tree_tokens[path].tolist()])
+    session.keep([*range(pending), *(pending + i for i in path)])
+    assert session.length == encoded.length + history + pending + len(path)
+    assert session.cache.get_seq_length() == past + pending + len(path)
+    assert session.generated == [*extra.tolist(), *tree.tree_tokens[path].tolist()]
+    torch.testing.assert_close(session.last_logits, logits[pending + path[-1]], rtol=0, atol=0)
     nxt = torch.tensor(words[40:42])
     fresh = ad.prefill(encoded, None)
     fresh.forward(torch.cat([extra, tree.tree_tokens[path]]))
