@@ -39,6 +39,7 @@ class DraftSide:
         self._encoded: Encoded | None = None
         self.session: ModelSession | None = None
         self._seconds_closed = 0.0  # forward seconds of sessions replaced by a later prefill
+        self._forwards_closed = 0  # and their forward passes
 
     @classmethod
     def for_job(cls, job: DecodeJob, own_policy: bool = False) -> DraftSide:
@@ -76,9 +77,16 @@ class DraftSide:
         """Seconds in the draft's forward passes after its prefills."""
         return self._seconds_closed + (0.0 if self.session is None else self.session.seconds_decode)
 
+    @property
+    def seconds_per_forward(self) -> float | None:
+        """Mean seconds of one draft forward so far (None before the first)."""
+        forwards = self._forwards_closed + (0 if self.session is None else self.session.forwards)
+        return self.seconds_decode / forwards if forwards else None
+
     def _drop_session(self) -> None:
         if self.session is not None:
             self._seconds_closed += self.session.seconds_decode
+            self._forwards_closed += self.session.forwards
             self.session.close()
             self.session = None
 

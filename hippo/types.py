@@ -95,6 +95,17 @@ class DraftProposal:
     def cpu(self) -> DraftProposal:
         return self.map_tensors(lambda t: t.cpu())
 
+    def chunks(self, size: int) -> list[DraftProposal]:
+        """Consecutive pieces of at most `size` tokens, to verify one after the other without bonus
+        tokens (each piece's last target row checks the next piece's first token)."""
+        if size >= self.gamma:
+            return [self]
+        q = self.q
+        return [
+            attrs.evolve(self, tokens=self.tokens[i : i + size], q=None if q is None else q[i : i + size])
+            for i in range(0, self.gamma, size)
+        ]
+
     def truncate(self, n: int) -> DraftProposal:
         """The first n draft tokens: what a drafting stopped early had made."""
         return attrs.evolve(self, tokens=self.tokens[:n], q=None if self.q is None else self.q[:n])

@@ -143,6 +143,9 @@ class TreeProposal(DraftProposal):
     def depth(self) -> int:
         return int(self.depths().max()) if self.n_nodes else 0
 
+    def chunks(self, size: int) -> list[DraftProposal]:
+        return [self]  # a tree is verified whole
+
     def truncate(self, n: int) -> TreeProposal:
         """The first n nodes (parent-first, so still a tree): what a drafting stopped early had made."""
         parents, tokens = self.parents[:n], self.tree_tokens[:n]
