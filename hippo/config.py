@@ -22,7 +22,7 @@ def gamma_option(instance: Any, attribute: attrs.Attribute, value: int | str) ->
     if value == "auto":
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{attribute.name} must be an integer >= 1 or "auto", got {value!r}')
+        raise ValueError(f'{attribute.name} must be an integer >= 1, got {value!r} (or "auto")')
 
 
 def optional_seed(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
