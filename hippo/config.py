@@ -17,6 +17,14 @@ def positive_int(instance: Any, attribute: attrs.Attribute, value: int) -> None:
         raise ValueError(f"{attribute.name} must be an integer >= 1, got {value!r}")
 
 
+def gamma_option(instance: Any, attribute: attrs.Attribute, value: int | str) -> None:
+    """A draft length γ >= 1, or "auto" (chosen each round by the cost model, `hippo.cost`)."""
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{attribute.name} must be an integer >= 1, got {value!r} (or "auto")')
+
+
 def optional_seed(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"{attribute.name} must be None or an integer >= 0, got {value!r}")

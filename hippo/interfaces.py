@@ -7,8 +7,9 @@ V = vocabulary, T = tokens in the sequence so far (prompt + generated).
 from __future__ import annotations
 
 import importlib
+import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -66,7 +67,8 @@ class ModelSession(ABC):
     prompt_length: int
     generated: list[int]  # tokens consumed after the prompt, in order
     last_logits: torch.Tensor | None  # [V] logits after the last consumed token (None after a rollback)
-    seconds_decode: float = 0.0
+    seconds_decode: float = 0.0  # wall-clock seconds spent in forward passes
+    forwards: int = 0  # forward passes after the prefill (a verification round is one)
 
     @abstractmethod
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens [k] -> logits [k, V]
@@ -75,6 +77,28 @@ class ModelSession(ABC):
     @abstractmethod
     def rollback(self, length: int) -> None:
         """Forget everything after the first `length` logical tokens (KV cache crop)."""
+
+    def forward_masked(
+        self,
+        tokens: torch.Tensor,  # [k] long
+        offsets: torch.Tensor,  # [k] long: token i sits at logical position length + offsets[i]
+        visible: torch.Tensor,  # [k, k] bool: [i, j] = token i attends to token j of this block
+    ) -> torch.Tensor:  # -> logits [k, V]
+        """Score a block of k tokens in one pass (e.g. a token tree with its ancestor mask).
+
+        Every token attends to the whole consumed sequence and to the block tokens `visible` marks.
+        The block is tentative: `length`, `generated` and `last_logits` change only at `keep`,
+        which must follow before any other call.
+        """
+        raise UnsupportedError(f"{type(self).__name__} cannot score a masked block of tokens (token trees)")
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """After `forward_masked`: consume the block rows `rows` (ascending) in order; drop the rest.
+
+        The kept rows' offsets must be 0, 1, 2, ... (a chain through the block), so the cache ends up
+        as if those tokens had been fed by `forward`; `last_logits` becomes the last kept row's.
+        """
+        raise UnsupportedError(f"{type(self).__name__} cannot keep rows of a masked block (token trees)")
 
     def sync(self, prefix: torch.Tensor) -> torch.Tensor:  # prefix [T] -> logits [V]
         """Roll back to the longest common prefix with `prefix`, feed the rest, return the last logits."""
@@ -215,8 +239,20 @@ class Adapter(ABC):
     #: Whether the backbone also needs the video's audio track (audio-visual models).
     needs_audio: ClassVar[bool] = False
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Adapter:
+        # Record the options the adapter is built with, whatever the subclass's signature, so that
+        # `type(a)(model, **a.options)` rebuilds it elsewhere (the draft's process).
+        self = super().__new__(cls)
+        self._options = _options(cls, self, args, kwargs)
+        return self
+
     def __init__(self, model: torch.nn.Module):
         self.model = model
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The keyword options this adapter was built with (beyond the model), e.g. {"positions": ...}."""
+        return dict(self._options)
 
     @classmethod
     def matches(cls, config: Any) -> bool:
@@ -291,3 +327,23 @@ class Adapter(ABC):
     @abstractmethod
     def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> ModelSession:
         """Prefill on the full prompt (keep=None) or with only the kept visual tokens (keep [K])."""
+
+
+def _options(cls: type, self: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments of `cls(model, *args[1:], **kwargs)` beyond the model, by name."""
+    sig = inspect.signature(cls.__init__)
+    try:
+        bound = sig.bind(self, *args, **kwargs)
+    except TypeError:  # bad arguments (raised again by __init__) or unpickling (state restored after)
+        return {}
+    out: dict[str, Any] = {}
+    for name, value in list(bound.arguments.items())[2:]:  # past self and the model
+        kind = sig.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            out.update(value)
+        elif kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                raise TypeError(f"{cls.__name__}: pass adapter options by keyword, got positional {value!r}")
+        else:
+            out[name] = value
+    return out

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hippo.draft import DraftSide
 from hippo.interfaces import ModelSession, Scorer, ScoringContext, Verifier
 from hippo.types import DraftProposal, Stats, Verdict
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 class DecodeJob:
     """Prompt, sessions, emitted tokens and stats of one generation.
 
-    Schedulers call `prefill_target`, `prefill_draft`, `emit`, and `verify_round`; they never
+    Schedulers call `prefill_target`, `draft_side`, `emit`, and `verify_round`; they never
     touch the stopping rules or the statistics directly.
     """
 
@@ -52,7 +53,7 @@ class DecodeJob:
         self._t0 = time.perf_counter()
         self._target: ModelSession | None = None
         self._target_encoded = None
-        self._draft: ModelSession | None = None
+        self._draft: DraftSide | None = None
 
     # ---- sequence -------------------------------------------------------------------------
     @property
@@ -133,19 +134,21 @@ class DecodeJob:
             self.kept = self.select(self.pipeline.scorer)
         return self.kept
 
-    def prefill_draft(self) -> ModelSession:
+    def draft_side(self) -> DraftSide:
+        """The draft side in this thread, prefilled on the pruned visual tokens (once per job)."""
         if self._draft is None:
             keep = self.prune()
             t0 = time.perf_counter()
-            p = self.pipeline
+            side = DraftSide.for_job(self)
             with self.stage("draft prefill"):
-                if p.draft_adapter.model is p.target_adapter.model:
-                    encoded = self.target_encoded()  # self-speculation: reuse the vision encoder's output
-                else:
-                    encoded = p.draft_adapter.encode(self.inputs)
-                self._draft = p.draft_adapter.prefill(encoded, keep=keep)
+                side.prefill(keep)
+            self._draft = side
             self.stats.seconds_draft_prefill += time.perf_counter() - t0
         return self._draft
+
+    def prefill_draft(self) -> ModelSession:
+        """The draft's prefilled session (see `draft_side`)."""
+        return self.draft_side().session
 
     # ---- one speculative round ------------------------------------------------------------
     def first_token(self, target: ModelSession) -> None:
@@ -159,31 +162,23 @@ class DecodeJob:
         self.emit([self.policy.choose(scores)])
 
     def verify_round(self, target: ModelSession, proposal: DraftProposal, bonus: bool = True) -> Verdict:
-        """Score the draft tokens with the target in one pass, verify, emit, and crop the target's cache.
+        """The one verification round: score the draft with the target in one pass, process the
+        scores, verify, keep the accepted tokens in the target's cache, emit, and book the round.
 
-        The target first consumes any accepted tokens it has not seen. With `bonus=False` a fully
-        accepted round emits no bonus token: the target keeps p_γ (its `last_logits`) to check the
-        next draft token, as PEARL's post-verify mode does.
+        The proposal's type decides how it is scored and kept (a chain: fed and cropped; a tree:
+        one masked pass, compacted to its accepted path). The target first consumes the accepted
+        tokens it has not seen. With `bonus=False` a fully accepted round emits no bonus token: the
+        target keeps p_γ (its `last_logits`) to check the next draft token (PEARL's post-verify).
         """
-        prefix = self.prefix()
-        pending = prefix[target.length :]  # accepted tokens the target has not consumed
-        if pending.numel():
-            logits = target.forward(torch.cat([pending, proposal.tokens.cpu()]))[-(proposal.gamma + 1) :]
-        else:  # the target already holds the whole prefix: p_0 is its last logits
-            p0 = target.sync(prefix)[None]
-            rest = [target.forward(proposal.tokens.cpu())] if proposal.gamma else []
-            logits = torch.cat([p0, *rest])
-        if not bonus:
-            logits = logits[:-1]
-        scores = self.policy.process(
-            torch.cat([prefix, proposal.tokens.cpu()])[: prefix.shape[0] + logits.shape[0] - 1], logits
-        )
-        verdict = self.verifier.verify(proposal, scores, self.policy)
-        target.rollback(prefix.shape[0] + verdict.n_accepted)
+        prefix = self.prefix()  # [T]
+        logits = proposal.score(target, prefix, bonus)  # [k, V] raw target logits
+        scores = proposal.process(self.policy, prefix, logits)  # [k, V]
+        verdict = proposal.verify(self.verifier, scores, self.policy, bonus)
+        accepted = proposal.commit(target, prefix.shape[0], verdict)
         extra = [] if verdict.next_token is None else [verdict.next_token]
-        kept = self.emit([*proposal.tokens[: verdict.n_accepted].tolist(), *extra])
+        kept = self.emit([*accepted, *extra])
         # `kept` < accepted + 1 only in the last round (token budget or EOS reached)
-        self.stats.record_round(proposal.gamma, verdict.n_accepted, kept, verdict.n_accepted < proposal.gamma)
+        self.stats.record_round(proposal.size, verdict.n_accepted, kept, verdict.n_accepted < proposal.depth)
         return verdict
 
     def finish(self) -> None:

@@ -60,6 +60,17 @@ class TokenPolicy:
         self.generator = generator
         self.vocab_size = vocab_size
 
+    def fork(self) -> TokenPolicy:
+        """The same rules with a generator of its own, seeded by one draw from this one.
+
+        For a draft on another thread or process: the two sides never share a random generator,
+        and a seeded run stays reproducible. The result pickles (the generator's state travels).
+        """
+        seed = int(torch.randint(2**62, (), generator=self.generator))
+        return TokenPolicy(
+            self.processors, self.do_sample, torch.Generator().manual_seed(seed), self.vocab_size
+        )
+
     def fit(self, logits: torch.Tensor) -> torch.Tensor:  # [..., V_q] -> [..., V_p]
         """Draft logits over the target's vocabulary: padding rows (one side only) get -inf."""
         v = self.vocab_size

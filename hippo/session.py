@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from hippo.errors import UnsupportedError
 from hippo.interfaces import ModelSession
 
 #: (start, k) -> position ids [P, 1, k] for the logical tokens start .. start+k-1 after the prompt
@@ -46,6 +47,7 @@ class KVSession(ModelSession):
         self.generated: list[int] = []
         self.seconds_decode = 0.0
         self.forwards = 0
+        self._block: tuple[int, torch.Tensor, torch.Tensor] | None = None  # forward_masked, until keep
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [k] -> [k, V]
@@ -61,6 +63,56 @@ class KVSession(ModelSession):
         self.seconds_decode += time.perf_counter() - t0
         self.forwards += 1
         return logits
+
+    @torch.inference_mode()
+    def forward_masked(
+        self,
+        tokens: torch.Tensor,  # [k] long
+        offsets: torch.Tensor,  # [k] long: logical position length + offsets[i]
+        visible: torch.Tensor,  # [k, k] bool: [i, j] = token i attends to block token j
+    ) -> torch.Tensor:  # -> [k, V]
+        t0 = time.perf_counter()
+        k = int(tokens.shape[0])
+        past = self.cache.get_seq_length()
+        span = int(offsets.max()) + 1 if k else 0
+        pos = self.positions(self.length, span)[..., offsets]  # [P, 1, k] or [1, k]
+        dtype = next(self.model.parameters()).dtype
+        allowed = torch.ones(k, past + k, dtype=torch.bool)
+        allowed[:, past:] = visible
+        mask = torch.zeros(k, past + k, dtype=dtype)  # [k, past + k] additive
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        out = self.model(
+            input_ids=tokens.to(self.device, torch.long).view(1, -1),
+            position_ids=pos.to(self.device),
+            attention_mask=mask[None, None].to(self.device),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        logits = out.logits[0]
+        synchronize(self.device)
+        self.seconds_decode += time.perf_counter() - t0
+        self.forwards += 1
+        self._block = (past, tokens.cpu(), logits)
+        return logits
+
+    def keep(self, rows: Sequence[int]) -> None:
+        past, tokens, logits = self._block
+        self._block = None
+        layers = getattr(self.cache, "layers", None)
+        if layers is None:
+            raise UnsupportedError("keeping rows of a masked block needs a transformers Cache with `.layers`")
+        rows = torch.as_tensor(list(rows), dtype=torch.long)  # [r]
+        index = torch.cat([torch.arange(past), past + rows])  # [past + r]
+        for layer in layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            idx = index.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(-2, idx)  # [B, H, past + r, D]
+            layer.values = layer.values.index_select(-2, idx)
+        if rows.numel():
+            self.length += int(rows.shape[0])
+            self.generated.extend(tokens[rows].tolist())
+            self.last_logits = logits[int(rows[-1])]
 
     def rollback(self, length: int) -> None:
         if length < self.prompt_length:

@@ -15,6 +15,7 @@ import attrs
 import torch
 
 from hippo import hookimpl
+from hippo.draft import DraftSide
 from hippo.executor import DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
 from hippo.types import DraftProposal
@@ -27,36 +28,22 @@ def _positive(instance, attribute, value) -> None:
 
 
 class LocalDraftWorker(DraftWorker):
-    """The draft in this process. Drafting runs at `submit`; `stop` only trims (see subclasses)."""
+    """The job's draft side in this thread, sharing the job's policy. Drafting runs at `submit`;
+    `stop` only trims (see subclasses)."""
 
     def __init__(self, job: DecodeJob):
-        self.job = job
-        self.session = None
-        self._encoded = None
+        self.side = DraftSide.for_job(job)
         self._pending: DraftProposal | None = None
-
-    def _encode(self):
-        if self._encoded is None:
-            p = self.job.pipeline
-            same = p.draft_adapter.model is p.target_adapter.model
-            self._encoded = self.job.target_encoded() if same else p.draft_adapter.encode(self.job.inputs)
-        return self._encoded
 
     def prefill(self, keep: torch.Tensor | None) -> None:
         t0 = time.perf_counter()
-        if self.session is not None:
-            self.session.close()
-        self.session = self.job.pipeline.draft_adapter.prefill(self._encode(), keep)
+        self.side.prefill(keep)
         self.seconds_prefill += time.perf_counter() - t0
 
-    def _draft(self, prefix: torch.Tensor, gamma: int) -> DraftProposal:
-        before = self.session.seconds_decode
-        prop = self.job.pipeline.drafter.propose(self.session, prefix, gamma, self.job.policy)
-        self.seconds_decode += self.session.seconds_decode - before
-        return prop
-
     def submit(self, prefix: torch.Tensor, gamma: int) -> None:
-        self._pending = self._draft(prefix, gamma)
+        before = self.side.seconds_decode
+        self._pending = self.side.propose(prefix, gamma)
+        self.seconds_decode += self.side.seconds_decode - before
 
     def stop(self) -> None:
         pass
@@ -66,8 +53,7 @@ class LocalDraftWorker(DraftWorker):
         return prop
 
     def close(self) -> None:
-        if self.session is not None:
-            self.session.close()
+        self.side.close()
 
 
 class InlineExecutor(Executor):
@@ -132,14 +118,13 @@ class SimulatedDraftWorker(LocalDraftWorker):
     def submit(self, prefix: torch.Tensor, gamma: int) -> None:
         super().submit(prefix, gamma)
         start = max(self.free_at, self.clock.now)
-        self._done_at = [start + (i + 1) * self.cfg.draft_forward for i in range(self._pending.gamma)]
+        self._done_at = [start + (i + 1) * self.cfg.draft_forward for i in range(self._pending.size)]
 
     def stop(self) -> None:
         """Keep only the tokens finished by now on the virtual clock."""
         done = sum(t <= self.clock.now for t in self._done_at)
-        prop = self._pending
-        if done < prop.gamma:
-            self._pending = DraftProposal(prop.tokens[:done], None if prop.q is None else prop.q[:done])
+        if done < self._pending.size:
+            self._pending = self._pending.truncate(done)
             self._done_at = self._done_at[:done]
 
     def collect(self) -> DraftProposal:

@@ -26,12 +26,13 @@ import attrs
 import torch
 
 from hippo import hookimpl
-from hippo.config import positive_int
+from hippo.config import gamma_option, positive_int
+from hippo.cost import AutoGamma
 from hippo.executor import DraftFailure, DraftWorker, Executor
 from hippo.interfaces import Scheduler, make_config
 from hippo.job import DecodeJob
 from hippo.registry import lookup
-from hippo.types import DraftProposal
+from hippo.types import DraftProposal, Verdict
 
 log = logging.getLogger("hippo")
 
@@ -42,9 +43,15 @@ def _cat(prefix: torch.Tensor, prop: DraftProposal) -> torch.Tensor:  # -> [T + 
     return torch.cat([prefix, prop.tokens.cpu()])
 
 
+def _continues(job: DecodeJob, verdict: Verdict) -> bool:
+    """The draft's continuation is usable: the round accepted the whole chain it continues (so it
+    drew no bonus token; the target's last logits check the continuation) and decoding goes on."""
+    return verdict.next_token is None and not job.done
+
+
 @attrs.frozen
 class ParallelConfig:
-    gamma: int = attrs.field(default=5, validator=positive_int)
+    gamma: int | str = attrs.field(default=5, validator=gamma_option)  # "auto": the cost model (hippo.cost)
     auto_gamma: bool = False  # γ ≈ target verify time / draft step time, measured during the run
     gamma_max: int = attrs.field(default=16, validator=positive_int)
     executor: str = "inline"
@@ -64,6 +71,7 @@ class ParallelScheduler(Scheduler):
         super().__init__(config)
         cfg = self.config
         self.executor: Executor = lookup("executors", cfg.executor).from_options(**cfg.executor_options)
+        self.auto = AutoGamma(parallel=True, gamma_max=cfg.gamma_max) if cfg.gamma == "auto" else None
         self.early_scorer = None
         if cfg.early_scorer is not None:
             self.early_scorer = lookup("scorers", cfg.early_scorer).from_options(**cfg.early_scorer_options)
@@ -73,11 +81,23 @@ class ParallelScheduler(Scheduler):
         cfg = self.config
         gamma = cfg.gamma
         drafted = sum(job.stats.drafted_per_round)
-        if cfg.auto_gamma and drafted and target.forwards and worker.seconds_decode > 0:
-            per_draft = worker.seconds_decode / drafted
+        per_draft = worker.seconds_decode / drafted if drafted and worker.seconds_decode > 0 else None
+        if self.auto is not None:
+            gamma = self.auto.choose(job.stats, per_draft)
+        elif cfg.auto_gamma and per_draft and target.forwards:
             per_verify = target.seconds_decode / target.forwards
             gamma = max(1, min(cfg.gamma_max, round(per_verify / per_draft)))
         return max(1, min(gamma, job.remaining))
+
+    def _verify_batch(self, job: DecodeJob, target, batch: DraftProposal, gamma: int) -> Verdict:
+        """Verify an unverified batch without a bonus token; under `gamma="auto"`, in chunks of this
+        round's γ, so a long buffer that is rejected early costs a short pass, not one long one."""
+        size = gamma if self.auto is not None else batch.gamma
+        for chunk in batch.chunks(max(1, size)):
+            verdict = self.executor.target("verify", job.verify_round, target, chunk, bonus=False)
+            if not _continues(job, verdict):
+                break
+        return verdict
 
     # ---- prefill ------------------------------------------------------------------------------
     def _start(self, job: DecodeJob, worker: DraftWorker):
@@ -117,6 +137,8 @@ class ParallelScheduler(Scheduler):
         target = None
         try:
             target, unverified = self._start(job, worker)
+            if self.auto is not None:
+                self.auto.calibrate(target, job.prefix())  # once per pipeline
             if unverified is None:
                 job.first_token(target)
             while not job.done:
@@ -129,15 +151,15 @@ class ParallelScheduler(Scheduler):
                         worker.submit(_cat(prefix, x1), gamma - 1)
                     verdict = ex.target("verify", job.verify_round, target, x1, bonus=False)
                     if gamma > 1:
-                        if verdict.n_accepted == x1.gamma and not job.done:
+                        if _continues(job, verdict):
                             rest = worker.collect()
                             unverified = rest if rest.gamma else None
                         else:
                             self._discard(worker)
                 else:  # optimistic / post-verify
                     worker.submit(_cat(prefix, unverified), gamma)
-                    verdict = ex.target("verify", job.verify_round, target, unverified, bonus=False)
-                    if verdict.n_accepted == unverified.gamma and not job.done:
+                    verdict = self._verify_batch(job, target, unverified, gamma)
+                    if _continues(job, verdict):
                         nxt = worker.collect()
                         unverified = nxt if nxt.gamma else None
                     else:

@@ -2,7 +2,8 @@
 
 Transport is torch.multiprocessing (spawn context): command and result queues, whose tensors travel
 through shared memory, and one shared integer that asks the in-flight drafting to stop. The child
-holds the draft model (shared, not copied), encodes the video with the draft's own vision tower,
+holds the draft model (shared, not copied) and rebuilds its adapter with the adapter's own
+`options`; the job's `DraftSide` there encodes the video with the draft's own vision tower,
 prefills on the kept visual tokens and drafts on request, reporting the wall-clock interval of every
 piece of work so the parent can measure how much draft time was hidden behind the target.
 
@@ -27,6 +28,7 @@ import torch.multiprocessing as mp
 
 from hippo import hookimpl
 from hippo.config import positive_int
+from hippo.draft import DraftSide
 from hippo.executor import DraftFailure, DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
 from hippo.types import DraftProposal
@@ -41,6 +43,8 @@ def _shared(payload: Any) -> Any:
     """
     if isinstance(payload, torch.Tensor):
         return payload.share_memory_()
+    if isinstance(payload, DraftProposal):
+        return payload.map_tensors(_shared)
     if isinstance(payload, tuple | list):
         return type(payload)(_shared(x) for x in payload)
     if isinstance(payload, dict):
@@ -51,10 +55,8 @@ def _shared(payload: Any) -> Any:
 def _worker_main(model, adapter_cls, adapter_options, threads, cmd_q, res_q, stop_ticket) -> None:
     """The draft process: serve ("job" | "prefill" | "propose" | "close") commands in order."""
     torch.set_num_threads(threads)
-    from hippo.sampling import TokenPolicy
-
     adapter = adapter_cls(model, **adapter_options)
-    state: dict[str, Any] = {}
+    side: DraftSide | None = None
     parent = mp.parent_process()
     while True:
         try:
@@ -67,30 +69,21 @@ def _worker_main(model, adapter_cls, adapter_options, threads, cmd_q, res_q, sto
             return
         t0 = time.perf_counter()
         try:
+            result: Any = None
             if cmd == "job":
-                inputs, processors, do_sample, seed, vocab_size, drafter = payload
-                gen = torch.Generator().manual_seed(seed)
-                state = {
-                    "inputs": inputs,
-                    "policy": TokenPolicy(processors, do_sample, gen, vocab_size),
-                    "drafter": drafter,
-                }
-                result: Any = None
+                inputs, policy, drafter = payload  # policy: forked by the parent, with its own generator
+                if side is not None:
+                    side.close()
+                side = DraftSide(adapter, drafter, inputs, policy)
             elif cmd == "prefill":
-                if "encoded" not in state:
-                    state["encoded"] = adapter.encode(state["inputs"])
-                if state.get("session") is not None:
-                    state["session"].close()
-                state["session"] = adapter.prefill(state["encoded"], payload)
-                result = None
+                side.prefill(payload)
             elif cmd == "propose":
                 prefix, gamma = payload
 
                 def should_stop(mine: int = ticket) -> bool:
                     return stop_ticket.value == mine
 
-                prop = state["drafter"].propose(state["session"], prefix, gamma, state["policy"], should_stop)
-                result = (prop.tokens, prop.q)
+                result = side.propose(prefix, gamma, should_stop)
             else:
                 raise ValueError(f"unknown command {cmd!r}")
             res_q.put(("ok", ticket, cmd, _shared(result), (t0, time.perf_counter())))
@@ -157,18 +150,8 @@ class ProcessDraftWorker(DraftWorker):
         self.target_busy = executor.target_busy = []
         self.draft_busy: list[tuple[float, float]] = []
         self._inflight: int | None = None
-        seed = int(torch.randint(2**62, (), generator=job.policy.generator))
-        self.dp.send(
-            "job",
-            (
-                dict(job.inputs),
-                job.policy.processors,
-                job.policy.do_sample,
-                seed,
-                job.policy.vocab_size,  # the target's V: draft logits are fitted to it
-                job.pipeline.drafter,
-            ),
-        )
+        # the draft side's policy: forked here (the child's own generator), the target's V inside
+        self.dp.send("job", (dict(job.inputs), job.policy.fork(), job.pipeline.drafter))
 
     def _wait(self, ticket: int):
         """Read results until `ticket`'s arrives; every other result is bookkeeping."""
@@ -210,8 +193,7 @@ class ProcessDraftWorker(DraftWorker):
 
     def collect(self) -> DraftProposal:
         ticket, self._inflight = self._inflight, None
-        tokens, q = self._wait(ticket)
-        return DraftProposal(tokens=tokens, q=q)
+        return self._wait(ticket)
 
     def close(self) -> None:
         if self._inflight is not None and self.dp.alive:
@@ -244,12 +226,11 @@ class ProcessExecutor(Executor):
 
     def process_for(self, job: DecodeJob) -> _DraftProcess:
         adapter = job.pipeline.draft_adapter
-        key = (id(adapter.model), type(adapter))
+        key = (id(adapter.model), type(adapter), adapter.options)
         if self._dp is None or not self._dp.alive or self._key != key:
             if self._dp is not None:
                 self._dp.close()
-            options = {"positions": adapter.positions} if hasattr(adapter, "positions") else {}
-            self._dp = _DraftProcess(adapter.model, type(adapter), options, self.config.threads)
+            self._dp = _DraftProcess(adapter.model, type(adapter), adapter.options, self.config.threads)
             self._key = key
         return self._dp
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import attrs
 
 from hippo import hookimpl
-from hippo.config import positive_int
+from hippo.config import gamma_option
+from hippo.cost import AutoGamma
 from hippo.interfaces import Scheduler
 from hippo.job import DecodeJob
 
@@ -22,23 +23,34 @@ class AutoregressiveScheduler(Scheduler):
 
 
 class SerialScheduler(Scheduler):
-    """Draft γ tokens, verify them in one target pass, crop both caches to the accepted length."""
+    """Draft γ tokens, verify them in one target pass, crop both caches to the accepted length.
+
+    `gamma="auto"` chooses each round's γ with the cost model (`hippo.cost`).
+    """
 
     @attrs.frozen
     class Config:
-        gamma: int = attrs.field(default=5, validator=positive_int)
+        gamma: int | str = attrs.field(default=5, validator=gamma_option)
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.auto = AutoGamma(parallel=False) if self.config.gamma == "auto" else None
 
     def run(self, job: DecodeJob) -> None:
         target = job.prefill_target()
         job.first_token(target)
         if job.done:
             return
-        draft = job.prefill_draft()
-        drafter = job.pipeline.drafter
+        draft = job.draft_side()
+        if self.auto is not None:
+            self.auto.calibrate(target, job.prefix())  # once per pipeline
         while not job.done:
-            gamma = min(self.config.gamma, job.remaining - 1)
-            proposal = drafter.propose(draft, job.prefix(), gamma, job.policy)
-            job.verify_round(target, proposal)
+            gamma = (
+                self.config.gamma
+                if self.auto is None
+                else self.auto.choose(job.stats, draft.seconds_per_forward)
+            )
+            job.verify_round(target, draft.propose(job.prefix(), min(gamma, job.remaining - 1)))
 
 
 @hookimpl

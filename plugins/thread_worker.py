@@ -5,9 +5,9 @@ the current stream; the thread only keeps the Python side of drafting from block
 On CPU the thread overlaps the two models' operators (torch releases the GIL inside them), which is
 what the tests use to exercise this path without a GPU.
 
-One task at a time, in submission order (a single-thread pool): prefill, then drafting. The
-worker owns its own sampling policy (its own seeded generator), as a draft process does, so the
-two threads never share a random generator.
+One task at a time, in submission order (a single-thread pool): prefill, then drafting, both by
+the job's `DraftSide` with a forked policy (its own seeded generator), as in a draft process, so
+the two threads never share a random generator.
 
 A draft that raises on its thread falls back to the target alone, as with a draft process. There
 is no timeout: a thread cannot be killed, so a hanging draft hangs the call; the `process`
@@ -22,9 +22,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from hippo.draft import DraftSide
 from hippo.executor import DraftFailure, DraftWorker, overlap_seconds
 from hippo.job import DecodeJob
-from hippo.sampling import TokenPolicy
 from hippo.types import DraftProposal
 
 
@@ -34,16 +34,10 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 class ThreadDraftWorker(DraftWorker):
     def __init__(self, job: DecodeJob, target_busy: list[tuple[float, float]]):
-        self.job = job
-        self.adapter = job.pipeline.draft_adapter
-        device = model_device(self.adapter.model)
+        self.side = DraftSide.for_job(job, own_policy=True)
+        device = model_device(self.side.adapter.model)
         self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
-        seed = int(torch.randint(2**62, (), generator=job.policy.generator))
-        gen = torch.Generator().manual_seed(seed)
-        self.policy = TokenPolicy(job.policy.processors, job.policy.do_sample, gen, job.policy.vocab_size)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hippo-draft")
-        self.session = None
-        self._encoded = None
         self._tasks: list[Future] = []
         self._ticket = 0
         self._stop_ticket = -1
@@ -68,19 +62,10 @@ class ThreadDraftWorker(DraftWorker):
             self.seconds_decode += t1 - t0
         return out
 
-    def _prefill(self, keep: torch.Tensor | None) -> None:
-        if self._encoded is None:
-            self._encoded = self.adapter.encode(self.job.inputs)
-        if self.session is not None:
-            self.session.close()
-        self.session = self.adapter.prefill(self._encoded, keep)
-
     def _propose(self, prefix: torch.Tensor, gamma: int, ticket: int) -> DraftProposal:
-        prop = self.job.pipeline.drafter.propose(
-            self.session, prefix, gamma, self.policy, lambda: self._stop_ticket == ticket
-        )
+        prop = self.side.propose(prefix, gamma, lambda: self._stop_ticket == ticket)
         # hand back host tensors: nothing the side stream allocated is used on another stream
-        return DraftProposal(prop.tokens.cpu(), None if prop.q is None else prop.q.cpu())
+        return prop.cpu()
 
     # ---- called by the scheduler's thread -----------------------------------------------------
     def _launch(self, kind: str, fn) -> Future:
@@ -93,7 +78,7 @@ class ThreadDraftWorker(DraftWorker):
         return task
 
     def prefill(self, keep: torch.Tensor | None) -> None:  # keep [K]
-        self._launch("prefill", lambda: self._prefill(keep))
+        self._launch("prefill", lambda: self.side.prefill(keep))
 
     def submit(self, prefix: torch.Tensor, gamma: int) -> None:  # prefix [T]
         self._ticket += 1
@@ -123,5 +108,4 @@ class ThreadDraftWorker(DraftWorker):
                 task.result()
         self._tasks = []
         self.pool.shutdown(wait=True)
-        if self.session is not None:
-            self.session.close()
+        self.side.close()

@@ -38,37 +38,28 @@ Verification (`TreeVerifier`), from the target's scores at every node, p_v:
       by token. (Zeroing the earlier siblings in q_j is what makes q_j the true law of c_j; a
       rejected c_j has r(c_j) < q_j(c_j), so the new residual gives it no mass either.)
 
-Scheduling (`SerialTreeScheduler`, registered as `serial_tree`)
-    One round: draft a tree, then feed the target the tokens it has not consumed yet (the last
-    round's bonus token) followed by all n nodes in **one** forward with a 4-D additive attention
-    mask [1, 1, m+n, past+m+n] (each node sees the prefix, its ancestors and itself) and position ids
-    `session.positions(...)` indexed by depth (prefix length + depth on every M-RoPE row for Qwen
-    backbones, 1-D for LLaVA-OneVision). The verdict's accepted path is kept: each cache layer's keys
-    and values are `index_select`-ed to prefix + accepted nodes, in order; the draft is synced to
-    the accepted prefix at its next propose. Proposals that are not trees (e.g. from `chain`) go
-    through the core's `DecodeJob.verify_round`, so `serial_tree` with the chain drafter is
-    `serial`.
+Scoring and keeping (`TreeProposal.score` / `commit`, called by the core's `DecodeJob.verify_round`)
+    The proposal's type chooses how a round scores it, so every scheduler verifies a tree in one
+    target pass. The target is fed the tokens it has not consumed yet (the last round's bonus
+    token) followed by all n nodes in **one** `ModelSession.forward_masked` call: each node sees the
+    prefix, its ancestors and itself, at logical position prefix length + depth - 1 (the session
+    applies its own position layout: M-RoPE rows for Qwen backbones, 1-D for LLaVA-OneVision).
+    `ModelSession.keep` then keeps the pending tokens and the accepted path, in order (a KV cache
+    compaction). A tree in which no node has a sibling is a chain and goes through the chain rules.
+    `serial_tree` is `serial` under the name this plugin has always registered.
 
-With the stock `serial` scheduler, a `TreeProposal` is read as the chain of its first children
-(`tokens`, `q`): each first child is drawn from the unrestricted q of its parent, so this chain is a
-valid (truthfully reported) draft and the output stays exact, but only one branch is verified.
-
-Composition with `pearl` / `hippo` (parallel drafting): not supported as a one-pass tree. Those
-schedulers call `job.verify_round` with a *chain* and let the draft continue past the verified
-tokens while the target verifies (post-verify: the target's last row p_γ checks the next draft
-token). With a tree, (1) there is no single "continue from here" state for the draft to keep
-drafting from while the target verifies (the accepted branch is only known after the verify), and
-(2) the core's `verify_round` feeds tokens as a chain, so a tree would need a scheduler hook that
-lets the verification pass be replaced. Passing the tree drafter to them degrades, as with `serial`,
-to its first-child chain (exact, no tree gain). A proper composition would draft a tree below each
-candidate bonus token (SpecBranch/PEARL-tree style) and needs a core hook: a `Scheduler`-visible
-`verify_round(target, proposal)` dispatch on the proposal type (e.g. `proposal.verify(job, target)`).
+Parallel schedules (`pearl`, `hippo`)
+    They verify with `bonus=False` and let the draft continue after the proposal's first-child chain
+    while the target verifies. A tree round then ends with no bonus token exactly when the accepted
+    path is that whole chain (the verifiers stop at its last node, `end`): the target keeps p at
+    that node to check the continuation's first token. Any other accepted path emits its next token
+    as usual, and the continuation (drafted after the chain) is discarded. Both cases are exact: the
+    continuation's tokens are only ever checked against the target at the prefix actually accepted.
 """
 
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -78,11 +69,10 @@ import torch
 from hippo import hookimpl
 from hippo.config import positive_int
 from hippo.errors import ConfigError, UnsupportedError
-from hippo.interfaces import Drafter, ModelSession, Scheduler, Verifier
-from hippo.job import DecodeJob
+from hippo.interfaces import Drafter, ModelSession, Verifier
 from hippo.sampling import TokenPolicy
-from hippo.session import KVSession, synchronize
 from hippo.types import DraftProposal, Verdict
+from hippo_plugins.schedulers import SerialScheduler
 from hippo_plugins.verifiers import (
     GreedyVerifier,
     RejectionVerifier,
@@ -96,7 +86,8 @@ from hippo_plugins.verifiers import (
 
 @attrs.frozen
 class TreeProposal(DraftProposal):
-    """A token tree. `tokens`/`q` (inherited) are the first-child chain, so chain schedulers stay exact.
+    """A token tree. `tokens`/`q` (inherited) are its first-child chain: where a parallel schedule's
+    draft continues while the target verifies the tree.
 
     Nodes are parent-first: `parents[i] < i`, -1 for children of the root (the prefix).
     """
@@ -137,6 +128,71 @@ class TreeProposal(DraftProposal):
             if parents[i] >= 0:
                 mask[i] |= mask[parents[i]]
         return mask
+
+    # ---- how a round scores and keeps a tree (see DraftProposal); a chain-shaped tree is a chain ----
+    @property
+    def is_chain(self) -> bool:
+        """No node has a sibling: the tree is its first-child chain, verified by the chain rules."""
+        return self.n_nodes == self.gamma
+
+    @property
+    def size(self) -> int:
+        return self.n_nodes
+
+    @property
+    def depth(self) -> int:
+        return int(self.depths().max()) if self.n_nodes else 0
+
+    def chunks(self, size: int) -> list[DraftProposal]:
+        return [self]  # a tree is verified whole
+
+    def truncate(self, n: int) -> TreeProposal:
+        """The first n nodes (parent-first, so still a tree): what a drafting stopped early had made."""
+        parents, tokens = self.parents[:n], self.tree_tokens[:n]
+        chain = chain_of(parents.tolist(), tokens.tolist())
+        q = None if self.tree_q is None else self.tree_q[:n]
+        return TreeProposal(
+            tokens=tokens[chain],
+            q=None if q is None else q[chain],
+            tree_tokens=tokens,
+            parents=parents,
+            tree_q=q,
+        )
+
+    def score(self, target: ModelSession, prefix: torch.Tensor, bonus: bool) -> torch.Tensor:
+        """Raw target logits [n+1, V]: row 0 at the root (after `prefix`), row i+1 after node i."""
+        if self.is_chain:
+            return super().score(target, prefix, bonus)
+        pending = prefix[target.length :]  # [m] accepted tokens the target has not consumed
+        if not pending.numel() and target.last_logits is None:  # re-feed the last token for p at the root
+            target.rollback(target.length - 1)
+            pending = prefix[target.length :]
+        m = int(pending.shape[0])
+        if m:
+            return score_tree(target, pending, self)[m - 1 :]
+        return torch.cat([target.last_logits[None], score_tree(target, pending, self)])
+
+    def process(self, policy: TokenPolicy, prefix: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        if self.is_chain:
+            return super().process(policy, prefix, logits)
+        if not policy.processors:  # nothing reads the sequence: skip building each node's path
+            return policy.process(prefix, logits)
+        seqs = [prefix] + [torch.cat([prefix, self.tree_tokens[self.path(i)]]) for i in range(self.n_nodes)]
+        return torch.cat([policy.process(s, r[None]) for s, r in zip(seqs, logits)])  # [n+1, V]
+
+    def verify(self, verifier: Verifier, scores: torch.Tensor, policy: TokenPolicy, bonus: bool) -> Verdict:
+        if self.is_chain:
+            return super().verify(verifier, scores, policy, bonus)
+        end = None if bonus else chain_of(self.parents.tolist(), self.tree_tokens.tolist())[-1]
+        return tree_verifier(verifier).verify_tree(self, scores, policy, end)
+
+    def commit(self, target: ModelSession, length: int, verdict: Verdict) -> list[int]:
+        if self.is_chain:
+            return super().commit(target, length, verdict)
+        m = length - target.length  # the pending tokens scored before the nodes
+        path = list(verdict.path)
+        target.keep([*range(m), *(m + i for i in path)])
+        return self.tree_tokens[path].tolist()
 
 
 def chain_of(parents: list[int], tokens: list[int]) -> list[int]:
@@ -343,8 +399,13 @@ class TreeVerdict(Verdict):
     path: tuple[int, ...] = ()
 
 
-def tree_greedy(proposal: TreeProposal, p_scores: torch.Tensor) -> tuple[list[int], int]:
-    """p_scores [n+1, V]: row 0 at the root, row i+1 at node i. Longest argmax path + next argmax."""
+def tree_greedy(
+    proposal: TreeProposal, p_scores: torch.Tensor, end: int | None = None
+) -> tuple[list[int], int | None]:
+    """p_scores [n+1, V]: row 0 at the root, row i+1 at node i. Longest argmax path + next argmax.
+
+    Reaching node `end` stops the walk with no next token (no bonus: p at `end` checks the next draft).
+    """
     target = p_scores.argmax(-1).cpu()  # [n+1]
     children, tokens = proposal.children(), proposal.tree_tokens.tolist()
     path, row = [], 0
@@ -354,13 +415,18 @@ def tree_greedy(proposal: TreeProposal, p_scores: torch.Tensor) -> tuple[list[in
         if nxt is None:
             return path, want
         path.append(nxt)
+        if nxt == end:
+            return path, None
         row = nxt + 1
 
 
 def tree_rejection(
-    proposal: TreeProposal, p: torch.Tensor, generator: torch.Generator
-) -> tuple[list[int], int]:
-    """p [n+1, V] target probabilities per node. Recursive rejection sampling (see module docstring)."""
+    proposal: TreeProposal, p: torch.Tensor, generator: torch.Generator, end: int | None = None
+) -> tuple[list[int], int | None]:
+    """p [n+1, V] target probabilities per node. Recursive rejection sampling (see module docstring).
+
+    Accepting node `end` stops with no next token drawn (no bonus: p at `end` checks the next draft).
+    """
     if proposal.tree_q is None:
         raise ConfigError("tree verifier: sampling needs the law of each node (tree_q), got None")
     p, q = p.double().cpu(), proposal.tree_q.double().cpu()
@@ -374,6 +440,8 @@ def tree_rejection(
             u = float(torch.rand((), generator=generator, dtype=torch.float64))
             if u * float(q[c, x]) < float(r[x]):  # u < r(x) / q_c(x); q_c(x) > 0 since x ~ q_c
                 path.append(c)
+                if c == end:
+                    return path, None
                 row, moved = c + 1, True
                 break
             r = residual(r, q[c])
@@ -385,16 +453,12 @@ class TreeVerifier(Verifier):
     """Longest greedy path (greedy) or recursive rejection sampling (sampling) over a token tree.
 
     Given a chain (a plain `DraftProposal`, or p rows for the chain view only) it applies the chain
-    rules (`greedy_verify` / `rejection_verify`), so it also works under the `serial` scheduler.
+    rules (`greedy_verify` / `rejection_verify`), so it also verifies chain drafters' proposals.
     """
 
     def verify(self, proposal: DraftProposal, p_logits: torch.Tensor, policy: TokenPolicy) -> Verdict:
         if isinstance(proposal, TreeProposal) and p_logits.shape[0] == proposal.n_nodes + 1:
-            if policy.do_sample:
-                path, tok = tree_rejection(proposal, policy.distribution(p_logits), policy.generator)
-            else:
-                path, tok = tree_greedy(proposal, p_logits)
-            return TreeVerdict(len(path), tok, tuple(path))
+            return self.verify_tree(proposal, p_logits, policy)
         if not policy.do_sample:
             return Verdict(*greedy_verify(proposal.tokens, p_logits))
         q = proposal.q
@@ -402,142 +466,61 @@ class TreeVerifier(Verifier):
             q = torch.nn.functional.one_hot(proposal.tokens.cpu(), p_logits.shape[-1]).double()
         return Verdict(*rejection_verify(proposal.tokens, q, policy.distribution(p_logits), policy.generator))
 
-
-# ---- one-pass tree scoring and cache compaction ------------------------------------------------
-
-
-def tree_inputs(
-    session: KVSession, pending: torch.Tensor, proposal: TreeProposal
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ids [1, m+n], position ids (the session's layout, [P, 1, m+n] or [1, m+n]), mask [1, 1, m+n, past+m+n].
-
-    `pending` [m] are chain tokens the session has not consumed (m >= 1); node i sits at logical
-    index length + m - 1 + depth_i.
-    """
-    m, n = int(pending.shape[0]), proposal.n_nodes
-    depths = proposal.depths()  # [n]
-    max_depth = int(depths.max()) if n else 0
-    base = session.positions(session.length, m + max_depth)  # [..., m + max_depth]
-    index = torch.cat([torch.arange(m), m - 1 + depths])  # [m+n]
-    pos = base[..., index]
-    past = session.cache.get_seq_length()
-    dtype = next(session.model.parameters()).dtype
-    visible = torch.ones(m + n, past + m + n, dtype=torch.bool)
-    visible[:m, past : past + m] = torch.ones(m, m, dtype=torch.bool).tril()
-    visible[:, past + m :] = False
-    visible[m:, past + m :] = proposal.ancestor_mask()
-    mask = torch.zeros(m + n, past + m + n, dtype=dtype)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    ids = torch.cat([pending.cpu(), proposal.tree_tokens.cpu()])[None]
-    return ids, pos, mask[None, None]
+    def verify_tree(
+        self,
+        proposal: TreeProposal,
+        p_logits: torch.Tensor,  # [n+1, V] processed target scores: root, then node i at row i+1
+        policy: TokenPolicy,
+        end: int | None = None,  # node whose acceptance ends the round with no bonus token
+    ) -> TreeVerdict:
+        if policy.do_sample:
+            path, tok = tree_rejection(proposal, policy.distribution(p_logits), policy.generator, end)
+        else:
+            path, tok = tree_greedy(proposal, p_logits, end)
+        return TreeVerdict(len(path), tok, tuple(path))
 
 
-@torch.inference_mode()
-def score_tree(session: KVSession, pending: torch.Tensor, proposal: TreeProposal) -> torch.Tensor:
-    """Feed pending + all tree nodes in one forward; returns logits [m+n, V]. The cache then holds all."""
-    t0 = time.perf_counter()
-    dev = session.device
-    ids, pos, mask = tree_inputs(session, pending, proposal)
-    out = session.model(
-        input_ids=ids.to(dev),
-        position_ids=pos.to(dev),
-        attention_mask=mask.to(dev),
-        past_key_values=session.cache,
-        use_cache=True,
-    )
-    synchronize(dev)
-    session.seconds_decode += time.perf_counter() - t0
-    session.forwards += 1
-    return out.logits[0]
-
-
-def compact(session: KVSession, keep_before: int, path: list[int], last_logits: torch.Tensor) -> None:
-    """Keep the first `keep_before` cache entries (old cache + pending tokens) and the accepted nodes,
-    in order, in every cache layer. `path` indexes the nodes that follow `keep_before`."""
-    layers = getattr(session.cache, "layers", None)
-    if layers is None:
-        raise UnsupportedError(
-            "serial_tree needs a transformers Cache with per-layer keys/values (`.layers`)"
-        )
-    keep = torch.cat([torch.arange(keep_before), keep_before + torch.tensor(path, dtype=torch.long)])
-    for layer in layers:
-        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-            continue
-        idx = keep.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, idx)  # [B, H, past + m + len(path), D]
-        layer.values = layer.values.index_select(-2, idx)
-    session.last_logits = last_logits
-
-
-class SerialTreeScheduler(Scheduler):
-    """Serial speculative decoding where each round drafts a tree and the target scores it in one pass."""
-
-    @attrs.frozen
-    class Config:
-        gamma: int = attrs.field(default=5, validator=positive_int)  # maximum tree depth
-
-    def run(self, job: DecodeJob) -> None:
-        target = job.prefill_target()
-        job.first_token(target)
-        if job.done:
-            return
-        draft = job.prefill_draft()
-        drafter = job.pipeline.drafter
-        while not job.done:
-            gamma = min(self.config.gamma, job.remaining - 1)
-            proposal = drafter.propose(draft, job.prefix(), gamma, job.policy)
-            if isinstance(proposal, TreeProposal) and proposal.n_nodes > proposal.gamma:
-                tree_round(job, target, proposal)
-            else:  # a chain (or a tree that is one): the core's verification
-                job.verify_round(target, proposal)
-
-
-def tree_verifier(job: DecodeJob) -> Verifier:
-    v = job.verifier
-    if isinstance(v, TreeVerifier):
-        return v
-    if type(v) in (GreedyVerifier, RejectionVerifier):  # the chain rules; the tree rules generalise them
+def tree_verifier(verifier: Verifier) -> TreeVerifier:
+    """The verifier for a tree: the `tree` verifier, which generalises the stock chain rules."""
+    if isinstance(verifier, TreeVerifier):
+        return verifier
+    if type(verifier) in (GreedyVerifier, RejectionVerifier):
         return TreeVerifier()
     raise UnsupportedError(
-        f"serial_tree verifies trees with the `tree` verifier; {type(v).__name__} only knows chains. "
+        f"a token tree is verified by the `tree` verifier; {type(verifier).__name__} only knows chains. "
         "Use .verifier('tree') or leave the verifier unset"
     )
 
 
-def tree_round(job: DecodeJob, target: ModelSession, proposal: TreeProposal) -> TreeVerdict:
-    if not isinstance(target, KVSession):
-        raise UnsupportedError(
-            f"serial_tree needs an in-process KVSession target (tree attention mask), got {type(target).__name__}"
-        )
-    verifier = tree_verifier(job)
-    prefix = job.prefix()  # [T]
-    if (
-        target.length > prefix.shape[0]
-        or target.generated != prefix[target.prompt_length : target.length].tolist()
-    ):
-        target.sync(prefix)
-    if target.length == prefix.shape[0]:  # no pending token: re-feed the last one to get p at the root
-        target.rollback(target.length - 1)
-    pending = prefix[target.length :]  # [m >= 1]
-    past = target.cache.get_seq_length()
-    logits = score_tree(target, pending, proposal)  # [m+n, V]
-    m = int(pending.shape[0])
-    rows = logits[m - 1 :]  # [n+1, V]: root, then node i at row i+1
-    seqs = [prefix] + [
-        torch.cat([prefix, proposal.tree_tokens[proposal.path(i)]]) for i in range(proposal.n_nodes)
-    ]
-    scores = torch.cat([job.policy.process(s, r[None]) for s, r in zip(seqs, rows)])  # [n+1, V]
-    verdict = verifier.verify(proposal, scores, job.policy)
-    if not isinstance(verdict, TreeVerdict):
-        raise UnsupportedError(f"{type(verifier).__name__} returned no tree path")
-    path = list(verdict.path)
-    compact(target, past + m, path, rows[(path[-1] + 1) if path else 0])
-    target.length += m + len(path)
-    target.generated.extend([*pending.tolist(), *proposal.tree_tokens[path].tolist()])
-    deepest = int(proposal.depths().max()) if proposal.n_nodes else 0
-    kept = job.emit([*proposal.tree_tokens[path].tolist(), verdict.next_token])
-    job.stats.record_round(proposal.n_nodes, verdict.n_accepted, kept, len(path) < deepest)
-    return verdict
+# ---- one-pass tree scoring through the session's masked forward ----------------------------------
+
+
+def tree_inputs(
+    pending: torch.Tensor, proposal: TreeProposal
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tokens [m+n], offsets [m+n], visible [m+n, m+n] for `ModelSession.forward_masked`.
+
+    `pending` [m] are chain tokens the session has not consumed (each sees those before it); node i
+    sits at offset m - 1 + depth_i and sees every pending token, its ancestors and itself.
+    """
+    m, n = int(pending.shape[0]), proposal.n_nodes
+    offsets = torch.cat([torch.arange(m), m - 1 + proposal.depths()])  # [m+n]
+    visible = torch.zeros(m + n, m + n, dtype=torch.bool)
+    visible[:m, :m] = torch.ones(m, m, dtype=torch.bool).tril()
+    visible[m:, :m] = True
+    visible[m:, m:] = proposal.ancestor_mask()
+    tokens = torch.cat([pending.cpu(), proposal.tree_tokens.cpu()])  # [m+n]
+    return tokens, offsets, visible
+
+
+def score_tree(session: ModelSession, pending: torch.Tensor, proposal: TreeProposal) -> torch.Tensor:
+    """Feed pending + all tree nodes in one forward; returns logits [m+n, V]. `session.keep` must follow."""
+    return session.forward_masked(*tree_inputs(pending, proposal))
+
+
+class SerialTreeScheduler(SerialScheduler):
+    """`serial` under the name the tree plugin registers: every scheduler verifies a drafted tree in
+    one target pass (the proposal's type chooses how it is scored), so this is `serial` itself."""
 
 
 @hookimpl

@@ -1,9 +1,10 @@
-"""Tree drafting (`tree` drafter, `tree` verifier, `serial_tree` scheduler) is lossless.
+"""Tree drafting (`tree` drafter, `tree` verifier) is lossless under every drafting scheduler.
 
 - greedy: every adapter with a tiny model, float64, hypothesis choosing static shapes or dynamic
   budgets, depth, the draft, corrupted nodes (wrong branches) and an EOS that stops mid-way; the
-  output must equal `target.generate` token for token (also through the plain `serial` scheduler,
-  which reads a tree as its first-child chain);
+  output must equal `target.generate` token for token, under `serial` / `serial_tree` and under the
+  parallel `pearl` and `hippo` (one after the other and on a draft thread), where a tree round
+  ends without a bonus token when its first-child chain is accepted;
 - the one-pass tree forward (4-D mask + position ids) against a naive expansion: each node's logits
   equal those of its root-to-node path run as its own sequence, and the compacted cache continues
   exactly like a cache that only ever saw the accepted path;
@@ -28,7 +29,7 @@ from test_sampling import GEN, law_of, prompt, tv_threshold
 
 import hippo
 from hippo.interfaces import Drafter
-from hippo_plugins.tree import TreeDrafter, TreeProposal, chain_of, compact, score_tree
+from hippo_plugins.tree import TreeDrafter, TreeProposal, chain_of, score_tree
 
 ADAPTERS = h.adapter_params()
 CORRUPT_TREE = "test-corrupting-tree"
@@ -118,7 +119,7 @@ def test_tree_greedy_equals_target_generate(adapter, data, corrupting_tree):
     prompt_ = data.draw(h.prompts(adapter, target), label="prompt")
     shape = data.draw(tree_shapes, label="tree shape")
     wrong = data.draw(st.none() | h.corrupt_patterns, label="corrupted nodes")
-    scheduler = data.draw(st.sampled_from(["serial_tree", "serial_tree", "serial"]), label="scheduler")
+    scheduler = data.draw(st.sampled_from(["serial_tree", "serial"]), label="scheduler")
     if wrong is None:
         drafter, options = "tree", shape
     else:
@@ -139,6 +140,60 @@ def test_tree_greedy_equals_target_generate(adapter, data, corrupting_tree):
     h.assert_same(out, ref, prompt_.length)
     s = out.stats
     assert all(0 <= n <= g for n, g in zip(s.accepted_per_round, s.drafted_per_round))
+
+
+@pytest.mark.parametrize("scheduler", ["pearl", "hippo"])
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@settings(max_examples=h.examples(0.5))
+@given(data=st.data())
+def test_tree_under_parallel_schedulers_equals_target_generate(adapter, scheduler, data, corrupting_tree):
+    target = h.tiny(adapter, "target")
+    role = data.draw(st.sampled_from(["self", "draft"]), label="draft")
+    draft = target if role == "self" else h.tiny(adapter, "draft")
+    prompt_ = data.draw(h.prompts(adapter, target), label="prompt")
+    shape = data.draw(tree_shapes, label="tree shape")
+    wrong = data.draw(st.none() | h.corrupt_patterns, label="corrupted nodes")
+    if wrong is None:
+        drafter, options = "tree", shape
+    else:
+        drafter, options = corrupting_tree, {**{"paths": ((0,),)}, **shape, "wrong": wrong}
+    pipe = h.build(
+        target,
+        draft,
+        scheduler=scheduler,
+        gamma=data.draw(st.integers(1, 5), label="γ (depth)"),
+        keep_ratio=data.draw(h.keep_ratios, label="keep ratio"),
+        drafter=drafter,
+        drafter_options=options,
+        verifier=data.draw(st.sampled_from([None, "tree"]), label="verifier"),
+        executor=data.draw(st.sampled_from(h.executor_choices(scheduler)), label="executor"),
+    )
+    gen = {"do_sample": False, "max_new_tokens": data.draw(h.max_new_tokens, label="max_new_tokens")}
+    gen, ref = h.eos_stop(target, prompt_.inputs, gen, data.draw(st.none() | st.integers(0, 23), label="EOS"))
+    out = pipe.generate(prompt_.inputs, **gen)
+    h.assert_same(out, ref, prompt_.length)
+    s = out.stats
+    assert not s.fallback, s.notes
+    assert all(0 <= n <= g for n, g in zip(s.accepted_per_round, s.drafted_per_round))
+
+
+@pytest.mark.parametrize("scheduler", ["serial_tree", "pearl", "hippo"])
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_tree_rounds_accept_branches_under_every_scheduler(adapter, scheduler):
+    """Self-speculation with every visual token: each tree round accepts a full-depth path, and the
+    parallel schedulers verify whole trees too (not only their first-child chains)."""
+    target = h.tiny(adapter)
+    unit, words = h.pixel_unit(target), h.text_ids(target)
+    p = h.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[3:6], words[7:9])
+    pipe = h.build(target, target, scheduler=scheduler, gamma=3, keep_ratio=1.0, drafter="tree")
+    gen = {"do_sample": False, "max_new_tokens": 13}
+    out = pipe.generate(p.inputs, **gen)
+    h.assert_same(out, h.reference(target, p.inputs, **gen), p.length)
+    s = out.stats
+    # the draft is the target: no draft token is wrong, so nodes drafted but not accepted were on
+    # other branches of a tree that was verified whole
+    assert s.accepted_per_round and all(n > 0 for n in s.accepted_per_round), s.as_dict()
+    assert any(g > n for n, g in zip(s.accepted_per_round, s.drafted_per_round)), s.as_dict()
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
@@ -193,11 +248,14 @@ def test_tree_forward_matches_each_path_run_alone(adapter, n, seed, pending, his
     root = ad.prefill(encoded, None).forward(extra)[-1]
     torch.testing.assert_close(logits[pending - 1], root, rtol=0, atol=1e-9)
 
-    # compaction: keep the path to the deepest last node, then continue; compare with a fresh run
+    # compaction: keep the pending tokens and the path to the last node, then continue; compare
+    # with a fresh run
     path = tree.path(n - 1)
-    compact(session, past + pending, path, logits[pending + path[-1]])
-    session.length += pending + len(path)
-    session.generated.extend([*extra[history:].tolist(), *tree.tree_tokens[path].tolist()])
+    session.keep([*range(pending), *(pending + i for i in path)])
+    assert session.length == encoded.length + history + pending + len(path)
+    assert session.cache.get_seq_length() == past + pending + len(path)
+    assert session.generated == [*extra.tolist(), *tree.tree_tokens[path].tolist()]
+    torch.testing.assert_close(session.last_logits, logits[pending + path[-1]], rtol=0, atol=0)
     nxt = torch.tensor(words[40:42])
     fresh = ad.prefill(encoded, None)
     fresh.forward(torch.cat([extra, tree.tree_tokens[path]]))
@@ -213,14 +271,25 @@ SAMPLING = {
 }
 
 
-@pytest.mark.parametrize("config", sorted(SAMPLING))
-def test_tree_samples_the_target_law(config):
+THREAD = {"executor": "inline", "executor_options": {"overlap": "thread"}}
+SCHEDULED = [
+    *((c, "serial_tree", None) for c in sorted(SAMPLING)),
+    *((c, s, None) for s in ("pearl", "hippo") for c in sorted(SAMPLING)),
+    ("self-static", "hippo", THREAD),  # the draft's own forked policy, on its thread
+]
+
+
+@pytest.mark.parametrize(
+    ("config", "scheduler", "executor"),
+    [pytest.param(*c, id="-".join([c[0], c[1], *(["thread"] if c[2] else [])])) for c in SCHEDULED],
+)
+def test_tree_samples_the_target_law(config, scheduler, executor):
     adapters = [p.values[0] for p in ADAPTERS if not p.marks]
     adapter = "qwen2_5_vl" if "qwen2_5_vl" in adapters else adapters[0]
     opts = dict(SAMPLING[config])
     target = h.tiny(adapter)
     draft = target if opts.pop("draft") == "self" else h.tiny(adapter, "draft", 1)
-    pipe = h.build(target, draft, scheduler="serial_tree", gamma=3, drafter="tree", **opts)
+    pipe = h.build(target, draft, scheduler=scheduler, gamma=3, drafter="tree", executor=executor, **opts)
     p, law = prompt(adapter), law_of(adapter)
     n = 20 * h.examples(1.0)
     samples, rounds = [], []

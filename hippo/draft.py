@@ -1,0 +1,94 @@
+"""The draft side of one job: the draft model's encoding, its (pruned) prefill, its policy, its proposals.
+
+Executors only decide where a `DraftSide` runs (this thread, a worker thread, a child process) and
+when; what it computes is the same everywhere. Notation: q = draft, γ = draft length, K = kept
+visual tokens, T = tokens in the sequence so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from hippo.interfaces import Adapter, Drafter, Encoded, ModelSession
+    from hippo.job import DecodeJob
+    from hippo.sampling import TokenPolicy
+    from hippo.types import DraftProposal
+
+
+class DraftSide:
+    """The draft model with its KV cache for one job.
+
+    `encode` replaces the draft's own vision encoding (self-speculation reuses the target's).
+    The session is rebuilt by each `prefill(keep)` (a two-phase pruning re-prefills it).
+    """
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        drafter: Drafter,
+        inputs: dict[str, Any],
+        policy: TokenPolicy,
+        encode: Callable[[], Encoded] | None = None,
+    ):
+        self.adapter, self.drafter, self.inputs, self.policy = adapter, drafter, inputs, policy
+        self._encode = encode
+        self._encoded: Encoded | None = None
+        self.session: ModelSession | None = None
+        self._seconds_closed = 0.0  # forward seconds of sessions replaced by a later prefill
+        self._forwards_closed = 0  # and their forward passes
+
+    @classmethod
+    def for_job(cls, job: DecodeJob, own_policy: bool = False) -> DraftSide:
+        """The job's draft side; `own_policy` gives it a forked generator (a draft on another thread)."""
+        p = job.pipeline
+        same = p.draft_adapter.model is p.target_adapter.model
+        policy = job.policy.fork() if own_policy else job.policy
+        return cls(p.draft_adapter, p.drafter, job.inputs, policy, job.target_encoded if same else None)
+
+    def encoded(self) -> Encoded:
+        if self._encoded is None:
+            self._encoded = self._encode() if self._encode is not None else self.adapter.encode(self.inputs)
+        return self._encoded
+
+    def prefill(self, keep: torch.Tensor | None) -> ModelSession:  # keep [K] kept visual indices
+        """(Re)build the draft's session on the kept visual tokens."""
+        encoded = self.encoded()
+        self._drop_session()
+        self.session = self.adapter.prefill(encoded, keep)
+        return self.session
+
+    def propose(
+        self,
+        prefix: torch.Tensor,  # [T]
+        gamma: int,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> DraftProposal:
+        """Draft up to γ tokens continuing `prefix` (fewer if `should_stop()` turns true)."""
+        if should_stop is None:
+            return self.drafter.propose(self.session, prefix, gamma, self.policy)
+        return self.drafter.propose(self.session, prefix, gamma, self.policy, should_stop)
+
+    @property
+    def seconds_decode(self) -> float:
+        """Seconds in the draft's forward passes after its prefills."""
+        return self._seconds_closed + (0.0 if self.session is None else self.session.seconds_decode)
+
+    @property
+    def seconds_per_forward(self) -> float | None:
+        """Mean seconds of one draft forward so far (None before the first)."""
+        forwards = self._forwards_closed + (0 if self.session is None else self.session.forwards)
+        return self.seconds_decode / forwards if forwards else None
+
+    def _drop_session(self) -> None:
+        if self.session is not None:
+            self._seconds_closed += self.session.seconds_decode
+            self._forwards_closed += self.session.forwards
+            self.session.close()
+            self.session = None
+
+    def close(self) -> None:
+        self._drop_session()
