@@ -147,6 +147,8 @@ class Case:
         ]
         if self.wrong is not None:
             parts.append(f"corrupted={''.join('x' if w else '.' for w in self.wrong)}")
+        if self.min_new_tokens is not None:
+            parts.append(f"min_new_tokens={self.min_new_tokens}")
         if self.eos_pick is not None:
-            parts.append(f"eos_pick={self.eos_pick}")
+            parts.append(f"eos_pick={self.eos_pick} (a generated token made a stop token)")
         return ", ".join(parts)

@@ -5,6 +5,7 @@ Notation: p = target, q = draft, γ = draft length.
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -25,7 +26,7 @@ from hippo.errors import HippoError  # noqa: E402
 from hippo.registry import registry  # noqa: E402
 from hippo.testing import options as _options  # noqa: E402
 from hippo.testing.case import EXECUTORS, Case  # noqa: E402
-from hippo.testing.drafters import CORRUPTING, corrupting_plugin  # noqa: E402
+from hippo.testing.drafters import CORRUPTING, CorruptingDrafter, corrupting_plugin  # noqa: E402
 from hippo.testing.models import pixel_unit, text_ids, tiny  # noqa: E402
 from hippo.testing.reference import eos_stop, first_difference, new_tokens, partial_rounds  # noqa: E402
 from hippo.testing.report import LosslessViolation, Report, VacuousCheck  # noqa: E402
@@ -56,7 +57,14 @@ class GreedyResult:
 
 
 def part_names(pipe: Any) -> dict[str, str]:
+    """{kind: registered name} of a pipeline's parts (the corrupting drafter with its options)."""
     names = dict(getattr(pipe, "names", {}) or {})
+    if names.get("scorer") == "auto":
+        names["scorer"] = "none"
+    drafter = getattr(pipe, "drafter", None)
+    if isinstance(drafter, CorruptingDrafter):
+        wrong = "".join("x" if w else "." for w in drafter.config.wrong)
+        names["drafter"] = f"{drafter.config.base} (corrupted at {wrong})"
     for role in ("target", "draft"):
         adapter = getattr(pipe, f"{role}_adapter", None)
         if adapter is not None:
@@ -264,6 +272,7 @@ def assert_greedy_lossless(
     draws: Mapping[str, st.SearchStrategy] | None = None,
     require_partial: bool = True,
     shrink: bool = True,
+    shrink_seconds: float = 60.0,
     on_output: Callable[[Case, GenerateOutput], None] | None = None,
 ) -> GreedyResult:
     """Check that `build(case)`'s pipeline returns exactly `target.generate(...)` on drawn cases.
@@ -274,18 +283,31 @@ def assert_greedy_lossless(
     hypothesis examples (default: `--hippo-examples`, else the active hypothesis profile's);
     `seed`: a fixed hypothesis seed (default: the profile's behaviour). `draws` are extra
     strategies whose values land in `case.extra`; `on_output(case, out)` may add assertions;
-    `shrink=False` skips hypothesis's shrinking (faster, the first counterexample is reported).
+    `shrink=False` skips hypothesis's shrinking (faster, the first counterexample is reported);
+    shrinking stops `shrink_seconds` after the first failure, reporting the smallest case so far.
 
     Raises `LosslessViolation` with the shrunk counterexample's report, or `VacuousCheck` when the
     pipelines drafted but no round ever accepted some but not all of its draft tokens (with
     `require_partial`). Returns a `GreedyResult`.
     """
     result = GreedyResult()
+    failing: list = []  # [time of the first failure, the last (smallest) failing case]
     strategy = cases(adapters, corrupt=corrupt, self_draft=self_draft, executors=executors, draws=draws)
 
     @hypothesis_settings(examples, seed, shrink)
     @given(case=strategy)
     def lossless(case: Case) -> None:
+        # After the shrink budget, only the smallest failing case so far runs (and fails again, for
+        # hypothesis's final replay); every other candidate passes at once, so shrinking ends.
+        if failing and time.monotonic() - failing[0] > shrink_seconds and case != failing[1]:
+            return
+        try:
+            checked(case)
+        except (LosslessViolation, AssertionError):
+            failing[:] = [failing[0] if failing else time.monotonic(), case]
+            raise
+
+    def checked(case: Case) -> None:
         made = make_pipeline(build, case)
         drafts = getattr(made[0], "draft_adapter", None) is not None
         out = run_case(build, case, made)

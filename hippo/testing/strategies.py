@@ -12,12 +12,12 @@ from hippo.testing._deps import require_hypothesis
 
 require_hypothesis()
 
-from hypothesis import settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from hippo.errors import ConfigError  # noqa: E402
 from hippo.testing.case import EXECUTORS, Case  # noqa: E402
 from hippo.testing.models import Prompt, eos_ids, pixel_unit, text_ids, tiny, tiny_adapters  # noqa: E402
+from hippo.testing.options import default_examples  # noqa: E402
 
 frames = st.integers(1, 6)
 pixel_multiples = st.integers(1, 4)  # H and W are 1..4 times the adapter's pixel unit (28 for Qwen2.5-VL)
@@ -34,8 +34,9 @@ timings = st.tuples(durations, durations, durations, durations)
 
 
 def examples(weight: float) -> int:
-    """max_examples for one test: `weight` times the active hypothesis profile's."""
-    return max(1, round(settings().max_examples * weight))
+    """max_examples for one test: `weight` times `--hippo-examples` if given, else times the active
+    hypothesis profile's max_examples."""
+    return max(1, round(default_examples() * weight))
 
 
 def grids(model: Any) -> st.SearchStrategy[tuple[int, int, int]]:  # (T, H, W) in pixels
@@ -75,6 +76,20 @@ def _adapters(adapters: Sequence[str] | str | None) -> list[str]:
             f"{', '.join(available) or 'none'} (an adapter provides one through its `tiny_module`)"
         )
     return names
+
+
+def pairs(adapters: Sequence[str] | str | None = None) -> st.SearchStrategy[tuple[str, Any, Any]]:
+    """(adapter, target p, draft q): tiny float64 pairs of `adapters` (default: every adapter with a
+    tiny model, a third party's included)."""
+    names = _adapters(adapters)
+
+    @st.composite
+    def build(draw) -> tuple[str, Any, Any]:
+        adapter = draw(st.sampled_from(names), label="adapter")
+        target = tiny(adapter, "target", draw(model_seeds, label="target seed"))
+        return adapter, target, tiny(adapter, "draft", draw(model_seeds, label="draft seed"))
+
+    return build()
 
 
 def cases(
