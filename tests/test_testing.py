@@ -87,6 +87,14 @@ def test_correct_parts_pass(capsys):
     assert res.status == 0 and res.kind == "selectors", res.text()
 
 
+@pytest.mark.parametrize(
+    "name, kind", [("holistic", None), ("rejection", None), ("tree", "drafter"), ("simulated", None)]
+)
+def test_hippo_check_builds_each_kind_with_the_parts_it_needs(name, kind):
+    res = check_plugin(name, kind, examples=1, adapters=[ADAPTER])
+    assert res.status == 0, res.text()
+
+
 def test_reproduction_of_a_passing_case():
     case = Case(
         ADAPTER, (2, 56, 56), (5, 6), (7,), draft="self", gamma=3, wrong=(False, True), max_new_tokens=9

@@ -5,7 +5,6 @@ Notation: p = target, q = draft, γ = draft length.
 
 from __future__ import annotations
 
-import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -272,7 +271,7 @@ def assert_greedy_lossless(
     draws: Mapping[str, st.SearchStrategy] | None = None,
     require_partial: bool = True,
     shrink: bool = True,
-    shrink_seconds: float = 60.0,
+    max_shrinks: int = 100,
     on_output: Callable[[Case, GenerateOutput], None] | None = None,
 ) -> GreedyResult:
     """Check that `build(case)`'s pipeline returns exactly `target.generate(...)` on drawn cases.
@@ -284,27 +283,30 @@ def assert_greedy_lossless(
     `seed`: a fixed hypothesis seed (default: the profile's behaviour). `draws` are extra
     strategies whose values land in `case.extra`; `on_output(case, out)` may add assertions;
     `shrink=False` skips hypothesis's shrinking (faster, the first counterexample is reported);
-    shrinking stops `shrink_seconds` after the first failure, reporting the smallest case so far.
+    shrinking stops after `max_shrinks` tries, reporting the smallest failing case so far (a count,
+    not a time, so a seed reproduces the same report on any machine).
 
     Raises `LosslessViolation` with the shrunk counterexample's report, or `VacuousCheck` when the
     pipelines drafted but no round ever accepted some but not all of its draft tokens (with
     `require_partial`). Returns a `GreedyResult`.
     """
     result = GreedyResult()
-    failing: list = []  # [time of the first failure, the last (smallest) failing case]
+    failing: list = []  # [tries since the first failure, the last (smallest) failing case]
     strategy = cases(adapters, corrupt=corrupt, self_draft=self_draft, executors=executors, draws=draws)
 
     @hypothesis_settings(examples, seed, shrink)
     @given(case=strategy)
     def lossless(case: Case) -> None:
-        # After the shrink budget, only the smallest failing case so far runs (and fails again, for
+        # After `max_shrinks` tries, only the smallest failing case so far runs (and fails again, for
         # hypothesis's final replay); every other candidate passes at once, so shrinking ends.
-        if failing and time.monotonic() - failing[0] > shrink_seconds and case != failing[1]:
-            return
+        if failing:
+            failing[0] += 1
+            if failing[0] > max_shrinks and case != failing[1]:
+                return
         try:
             checked(case)
         except (LosslessViolation, AssertionError):
-            failing[:] = [failing[0] if failing else time.monotonic(), case]
+            failing[:] = [failing[0] if failing else 0, case]
             raise
 
     def checked(case: Case) -> None:

@@ -15,7 +15,7 @@ import attrs
 from hippo.errors import ConfigError, HippoError, PluginError
 from hippo.registry import KINDS, origin_of, plugin_manager, registry
 from hippo.testing.case import Case
-from hippo.testing.models import part_class, required_options
+from hippo.testing.models import config_fields, part_class, required_options
 
 #: Options the harness itself gives a part when its Config has them.
 SUPPLIED = {"gamma", "keep_ratio", "seed", "executor", "executor_options"}
@@ -87,13 +87,7 @@ class plugin_build:  # noqa: N801 - used like a function in reproduction lines
         if k == "verifiers":
             return case.builder(verifier=n)
         if k == "executors":
-            scheduler = _first(
-                "schedulers",
-                lambda c: (
-                    "executor" in {a.name for a in attrs.fields(c.Config)} if attrs.has(c.Config) else False
-                ),
-                ("hippo", "pearl"),
-            )
+            scheduler = _first("schedulers", lambda c: "executor" in config_fields(c), ("hippo", "pearl"))
             if scheduler is None:
                 raise ConfigError(f"executor {n!r}: no installed scheduler takes an executor")
             return case.builder(scheduler=scheduler, executor=n)

@@ -38,6 +38,9 @@ from hippo.testing.report import LosslessViolation, Report, VacuousCheck
 
 POWER = 0.99
 MAX_OUTCOMES = 256
+# per process: the target's raw logits along sampled paths, and enumerated laws (float64, exact)
+_PATHS: dict[tuple, dict[tuple[int, ...], torch.Tensor]] = {}
+_LAWS: dict[tuple, dict[tuple[int, ...], float]] = {}
 
 
 @attrs.define
@@ -152,7 +155,8 @@ def assert_sampling_exact(
     proc = warpers(temperature, top_k)
     res = SamplingResult(z_bound=z_bound)
     samples: list[tuple[int, ...]] = []
-    paths: dict[tuple[int, ...], torch.Tensor] = {}
+    key = (case.adapter, case.target_seed, case.grid, case.before, case.after, case.video_seed)
+    paths = _PATHS.setdefault(key, {})  # raw logits along sampled paths, shared across checks
     total_d = 0.0
     limit = runs if runs is not None else max_runs
 
@@ -213,7 +217,10 @@ def assert_sampling_exact(
     zp = NormalDist().inv_cdf(POWER)
     res.detectable = (z_bound + zp) / math.sqrt(res.information) if res.information > 0 else math.inf
     if top_k and top_k**new_tokens <= MAX_OUTCOMES:
-        law = exact_law(target, inputs, new_tokens, proc, set(eos_ids(target)))
+        law_key = (*key, temperature, top_k, new_tokens)
+        if law_key not in _LAWS:
+            _LAWS[law_key] = exact_law(target, inputs, new_tokens, proc, set(eos_ids(target)))
+        law = _LAWS[law_key]
         res.outcomes = len(law)
         res.tv, res.tv_bound = total_variation(law, samples), tv_threshold(len(law), len(samples), delta)
     if abs(res.z) > z_bound:
