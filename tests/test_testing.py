@@ -88,7 +88,7 @@ def test_correct_parts_pass(capsys):
 
 
 @pytest.mark.parametrize(
-    "name, kind", [("holistic", None), ("rejection", None), ("tree", "drafter"), ("simulated", None)]
+    "name, kind", [("holistic", None), ("rejection", None), ("chain", None), ("simulated", None)]
 )
 def test_hippo_check_builds_each_kind_with_the_parts_it_needs(name, kind):
     res = check_plugin(name, kind, examples=1, adapters=[ADAPTER])

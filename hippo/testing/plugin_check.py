@@ -134,6 +134,8 @@ def check_plugin(
     shrink: bool = True,
 ) -> CheckResult:
     """Run the greedy harness (and with `sampling` the law test) on the part registered as `name`."""
+    from hypothesis.errors import Flaky
+
     from hippo.testing.greedy import assert_greedy_lossless
     from hippo.testing.models import tiny_adapters
     from hippo.testing.report import LosslessViolation, VacuousCheck
@@ -179,6 +181,16 @@ def check_plugin(
     except VacuousCheck as exc:
         res.status = 1
         res.lines.append(f"hippo.testing: the check proved nothing: {exc}")
+    except Flaky as exc:  # failed, then passed on the same case: the part is not deterministic
+        res.status = 1
+        inner = [e for e in getattr(exc, "exceptions", ()) if isinstance(e, LosslessViolation)]
+        res.lines.append(
+            f"hippo.testing: {kind[:-1]} {name!r} failed on a case and then passed on the same case: its "
+            "output is not a function of the inputs and seed, which a lossless part's must be"
+        )
+        res.lines.extend(e.report.format() for e in inner[:1])
+    except HippoError as exc:
+        raise type(exc)(f"{kind[:-1]} {name!r} from {source}: {exc}") from exc
     else:
         res.lines.append(f"OK: {kind[:-1]} {name!r} is lossless on every case tried")
     return res
