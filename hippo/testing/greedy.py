@@ -270,6 +270,7 @@ def assert_greedy_lossless(
     self_draft: bool | None = None,
     executors: Sequence[str] = EXECUTORS,
     draws: Mapping[str, st.SearchStrategy] | None = None,
+    stops: bool = True,
     require_partial: bool = True,
     shrink: bool = True,
     max_shrinks: int = 100,
@@ -282,7 +283,8 @@ def assert_greedy_lossless(
     `adapters`: the adapters whose tiny pairs are drawn (default: all that have one); `examples`:
     hypothesis examples (default: `--hippo-examples`, else the active hypothesis profile's);
     `seed`: a fixed hypothesis seed (default: the profile's behaviour). `draws` are extra
-    strategies whose values land in `case.extra`; `on_output(case, out)` may add assertions;
+    strategies whose values land in `case.extra`; `stops=False` draws no min_new_tokens or mid-way
+    EOS; `on_output(case, out)` may add assertions;
     `shrink=False` skips hypothesis's shrinking (faster, the first counterexample is reported);
     shrinking stops after `max_shrinks` tries, reporting the smallest failing case so far (a count,
     not a time, so a seed reproduces the same report on any machine).
@@ -294,7 +296,9 @@ def assert_greedy_lossless(
     result = GreedyResult()
     failed: list[Case] = []  # every case that failed, and the tries since the first failure
     tries = [0]
-    strategy = cases(adapters, corrupt=corrupt, self_draft=self_draft, executors=executors, draws=draws)
+    strategy = cases(
+        adapters, corrupt=corrupt, self_draft=self_draft, executors=executors, draws=draws, stops=stops
+    )
 
     def lossless(case: Case) -> None:
         # After `max_shrinks` tries, only cases that already failed run (and fail again, for

@@ -99,6 +99,7 @@ def cases(
     self_draft: bool | None = None,
     executors: Sequence[str] = EXECUTORS,
     draws: Mapping[str, st.SearchStrategy] | None = None,
+    stops: bool = True,
 ) -> st.SearchStrategy[Case]:
     """Whole test cases: a tiny pair of one of `adapters` (default: every adapter with a tiny model),
     a video and prompt (EOS ids in the text sometimes), γ, a keep ratio, a token budget, a
@@ -106,7 +107,7 @@ def cases(
     `corrupt`), an executor and simulated timings, and `draws` (name -> strategy) into `case.extra`.
 
     `self_draft`: True always drafts with the target itself, False always with the tiny draft,
-    None lets hypothesis choose.
+    None lets hypothesis choose. `stops=False` draws no min_new_tokens and no mid-way EOS.
     """
     names = _adapters(adapters)
     extra = dict(draws or {})
@@ -135,8 +136,10 @@ def cases(
             keep_ratio=draw(keep_ratios, label="keep ratio"),
             selector_seed=draw(st.none() | seeds, label="selector seed"),
             max_new_tokens=max_new,
-            min_new_tokens=draw(st.none() | st.integers(1, max_new), label="min_new_tokens"),
-            eos_pick=draw(eos_picks, label="EOS pick"),
+            min_new_tokens=draw(st.none() | st.integers(1, max_new), label="min_new_tokens")
+            if stops
+            else None,
+            eos_pick=draw(eos_picks, label="EOS pick") if stops else None,
             seed=draw(seeds, label="run seed"),
             wrong=draw(st.none() | corrupt_patterns, label="corrupted positions") if corrupt else None,
             executor=draw(st.sampled_from(list(executors)), label="executor"),
