@@ -2,6 +2,7 @@
 
 Public API: `PipelineBuilder`, `Pipeline`, `PipelineConfig`, `plugin_manager`, `hookimpl`, and the
 interfaces a plugin implements (`Scorer`, `Selector`, `Drafter`, `Verifier`, `Scheduler`, `Adapter`).
+`hippo.testing` (with `pip install 'hippo[testing]'`) proves a pipeline or a plugin part lossless.
 """
 
 from hippo import errors

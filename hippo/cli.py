@@ -1,4 +1,4 @@
-"""The `hippo` command: `generate`, `bias`, `bench`, `demo` and `plugins`.
+"""The `hippo` command: `generate`, `bias`, `bench`, `demo`, `plugins` and `check`.
 
 Every HippoError that reaches `main`, and every usage error, becomes one line, `hippo: error:
 <message>`, on stderr and exit status 2; `--debug` prints the traceback as well. `hippo demo` (and
@@ -71,6 +71,60 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise HippoError(f"cannot write --json file {args.json!r}: {exc.strerror}") from exc
     return 0 if result["all_identical"] else EXIT_MISMATCH
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    # the logic is hippo.testing.plugin_check; this is the glue (it needs hippo[testing])
+    from hippo.testing._deps import require_hypothesis
+
+    require_hypothesis()
+    from hippo.testing.plugin_check import check_plugin
+
+    result = check_plugin(
+        args.name,
+        args.kind,
+        examples=args.examples,
+        seed=args.seed,
+        sampling=args.sampling,
+        adapters=args.adapter,
+        shrink=not args.no_shrink,
+    )
+    print(result.text())
+    return EXIT_MISMATCH if result.status else 0
+
+
+def _check_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
+    c = sub.add_parser(
+        "check",
+        parents=[debug],
+        help="prove an installed scorer, selector, drafter, verifier, scheduler or executor lossless",
+        description=(
+            "Run hippo.testing's lossless harness on the part registered as NAME, combined with the built-in "
+            "parts it needs, on hypothesis-drawn tiny float64 target/draft pairs, videos, prompts, γ, keep "
+            "ratios, corrupted draft tokens and executor timings; compare with target.generate token for token "
+            "(and with --sampling, the sampled law with the target's exact law). Exit 0: lossless on every "
+            "case; 1: a counterexample (its report is printed); 2: bad usage, unknown name, or a part that "
+            "cannot be built with its defaults. Needs pip install 'hippo[testing]'."
+        ),
+    )
+    c.add_argument("name", metavar="NAME", help="the part's registered name (see `hippo plugins`)")
+    c.add_argument(
+        "--kind",
+        choices=("scheduler", "selector", "scorer", "drafter", "verifier", "executor", "adapter"),
+        help="the part's kind, when NAME is registered under several",
+    )
+    c.add_argument("--examples", type=int, default=20, help="hypothesis examples (default: %(default)s)")
+    c.add_argument("--seed", type=int, default=0, help="hypothesis seed (default: %(default)s)")
+    c.add_argument("--sampling", action="store_true", help="also run the sampling law test")
+    c.add_argument(
+        "--no-shrink",
+        action="store_true",
+        help="report the first counterexample found, not the smallest (faster)",
+    )
+    c.add_argument(
+        "--adapter", action="append", help="draw tiny pairs of this adapter only (repeatable; default: all)"
+    )
+    c.set_defaults(func=_cmd_check)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -308,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     _generate_parser(sub, debug)
     _bias_parser(sub, debug)
     _bench_parser(sub, debug)
+    _check_parser(sub, debug)
     return parser
 
 

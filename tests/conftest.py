@@ -7,19 +7,26 @@ Hypothesis profiles, chosen with the environment variable HYPOTHESIS_PROFILE:
 
     HYPOTHESIS_PROFILE=ci python -m pytest tests/lossless tests/test_verify_law.py -q
 
-Tests marked `gpu` are skipped when CUDA is not available.
+The lossless harness is hippo.testing (installed with hippo); its pytest plugin adds
+`--hippo-examples N`, which the checks use when given. Tests marked `gpu` are skipped when CUDA is not available.
 """
 
 from __future__ import annotations
 
 import os
 
-import harness
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from hippo.testing.drafters import corrupting_plugin
+from hippo.testing.models import tiny as tiny_model
+
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
+
+# tests/fixtures holds example plugin packages (and their own test suites, run in subprocesses by
+# tests/test_plugins.py and tests/test_testing.py with the packages installed): not collected here.
+collect_ignore_glob = ["fixtures/*"]
 
 settings.register_profile(
     "dev",
@@ -60,11 +67,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def tiny():
     """`tiny(adapter, role='target', seed=0)`: a float64 tiny model, built once per session."""
-    return harness.tiny
+    return tiny_model
 
 
 @pytest.fixture(scope="session")
 def corrupting_drafter():
     """Registers the test plugin's `CorruptingDrafter`; yields its registry name."""
-    with harness.corrupting_plugin() as name:
+    with corrupting_plugin() as name:
         yield name

@@ -9,10 +9,10 @@
 from __future__ import annotations
 
 import torch
-from harness import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hippo.testing.strategies import examples
 from hippo_plugins.verifiers import greedy_verify, rejection_verify, residual
 
 vocab = st.integers(2, 12)

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import harness as h
 import pytest
 import torch
 from hypothesis import given, settings
@@ -18,46 +17,52 @@ from hypothesis import strategies as st
 from test_sampling import GEN, law_of, prompt, tv_threshold
 
 from hippo.cost import GAMMA_MAX, GAMMA_START, VerifyCurve, best_gamma, expected_tokens, measure_verify_curve
+from hippo.testing import models as hm
+from hippo.testing import params as hp
+from hippo.testing import reference as hr
+from hippo.testing import strategies as hs
 
-ADAPTERS = h.adapter_params()
+ADAPTERS = hp.adapter_params()
 
 
-@pytest.mark.parametrize("scheduler", h.drafting_schedulers())
+@pytest.mark.parametrize("scheduler", hm.drafting_schedulers())
 @pytest.mark.parametrize("adapter", ADAPTERS)
-@settings(max_examples=h.examples(0.25))
+@settings(max_examples=hs.examples(0.25))
 @given(data=st.data())
 def test_auto_gamma_equals_target_generate(adapter, scheduler, data):
-    target = h.tiny(adapter, "target")
-    draft = target if data.draw(st.booleans(), label="self-speculation") else h.tiny(adapter, "draft")
-    prompt_ = data.draw(h.prompts(adapter, target), label="prompt")
-    pipe = h.build(
+    target = hm.tiny(adapter, "target")
+    draft = target if data.draw(st.booleans(), label="self-speculation") else hm.tiny(adapter, "draft")
+    prompt_ = data.draw(hs.prompts(adapter, target), label="prompt")
+    pipe = hr.build_pipeline(
         target,
         draft,
         scheduler=scheduler,
         gamma="auto",
-        keep_ratio=data.draw(h.keep_ratios, label="keep ratio"),
+        keep_ratio=data.draw(hs.keep_ratios, label="keep ratio"),
         verifier=data.draw(st.sampled_from([None, "rejection"]), label="verifier"),
-        executor=data.draw(st.sampled_from(h.executor_choices(scheduler)), label="executor"),
+        executor=data.draw(st.sampled_from(hm.executor_choices(scheduler)), label="executor"),
     )
-    gen = {"do_sample": False, "max_new_tokens": data.draw(h.max_new_tokens, label="max_new_tokens")}
-    gen, ref = h.eos_stop(target, prompt_.inputs, gen, data.draw(st.none() | st.integers(0, 23), label="EOS"))
+    gen = {"do_sample": False, "max_new_tokens": data.draw(hs.max_new_tokens, label="max_new_tokens")}
+    gen, ref = hr.eos_stop(
+        target, prompt_.inputs, gen, data.draw(st.none() | st.integers(0, 23), label="EOS")
+    )
     out = pipe.generate(prompt_.inputs, **gen)
-    h.assert_same(out, ref, prompt_.length)
+    hr.assert_same(out, ref, prompt_.length)
     s = out.stats
     assert all(0 <= n <= g <= GAMMA_MAX for n, g in zip(s.accepted_per_round, s.drafted_per_round))
 
 
 def test_the_curve_is_measured_once_per_pipeline():
     adapter = "qwen2_5_vl"
-    target = h.tiny(adapter)
+    target = hm.tiny(adapter)
     p = prompt(adapter)
-    pipe = h.build(target, target, scheduler="serial", gamma="auto", keep_ratio=0.5)
+    pipe = hr.build_pipeline(target, target, scheduler="serial", gamma="auto", keep_ratio=0.5)
     gen = {"do_sample": False, "max_new_tokens": 10}
-    ref = h.reference(target, p.inputs, **gen)
-    h.assert_same(pipe.generate(p.inputs, **gen), ref, p.length)
+    ref = hr.reference(target, p.inputs, **gen)
+    hr.assert_same(pipe.generate(p.inputs, **gen), ref, p.length)
     curve = pipe.scheduler.auto.curve
     assert curve is not None and curve.ks[0] == 1 and curve.ks[-1] == GAMMA_MAX + 1
-    h.assert_same(pipe.generate(p.inputs, **gen), ref, p.length)
+    hr.assert_same(pipe.generate(p.inputs, **gen), ref, p.length)
     assert pipe.scheduler.auto.curve is curve
 
 
@@ -65,15 +70,15 @@ def test_hippo_verifies_its_prefill_buffer_in_chunks():
     """A slow target prefill lets the draft buffer 30 tokens; `auto` verifies them in γ-sized
     chunks (the first γ before any draft timing is GAMMA_START), with the same output."""
     adapter = "qwen2_5_vl"
-    target = h.tiny(adapter)
+    target = hm.tiny(adapter)
     p = prompt(adapter)
     slow = {"target_prefill": 50.0, "target_forward": 5.0, "draft_prefill": 1.0, "draft_forward": 1.0}
     ex = {"executor": "simulated", "executor_options": slow}
     gen = {"do_sample": False, "max_new_tokens": 30}
-    out = h.build(target, target, scheduler="hippo", gamma="auto", keep_ratio=1.0, executor=ex).generate(
-        p.inputs, **gen
-    )
-    h.assert_same(out, h.reference(target, p.inputs, **gen), p.length)
+    out = hr.build_pipeline(
+        target, target, scheduler="hippo", gamma="auto", keep_ratio=1.0, executor=ex
+    ).generate(p.inputs, **gen)
+    hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
     s = out.stats
     assert s.drafted_per_round[0] == GAMMA_START < 30, s.as_dict()
     assert s.accepted_per_round[0] == GAMMA_START  # the draft is the target: the chunk is accepted
@@ -83,16 +88,18 @@ def test_hippo_verifies_its_prefill_buffer_in_chunks():
 def test_auto_gamma_samples_the_target_law(scheduler):
     adapters = [p.values[0] for p in ADAPTERS if not p.marks]
     adapter = "qwen2_5_vl" if "qwen2_5_vl" in adapters else adapters[0]
-    target = h.tiny(adapter)
-    pipe = h.build(target, h.tiny(adapter, "draft", 1), scheduler=scheduler, gamma="auto", keep_ratio=0.5)
+    target = hm.tiny(adapter)
+    pipe = hr.build_pipeline(
+        target, hm.tiny(adapter, "draft", 1), scheduler=scheduler, gamma="auto", keep_ratio=0.5
+    )
     p, law = prompt(adapter), law_of(adapter)
-    n = 20 * h.examples(1.0)
+    n = 20 * hs.examples(1.0)
     samples = [
-        tuple(h.new_tokens(pipe.generate(p.inputs, seed=s, **GEN).sequences, p.length)) for s in range(n)
+        tuple(hr.new_tokens(pipe.generate(p.inputs, seed=s, **GEN).sequences, p.length)) for s in range(n)
     ]
     impossible = sorted({s for s in samples if s not in law})
     assert not impossible, f"sampled sequences the target cannot emit: {impossible[:5]}"
-    tv, bound = h.total_variation(law, samples), tv_threshold(len(law), n)
+    tv, bound = hr.total_variation(law, samples), tv_threshold(len(law), n)
     assert tv <= bound, f"TV {tv:.4f} > {bound:.4f} over {n} runs ({len(law)} outcomes)"
 
 
@@ -127,10 +134,10 @@ def test_best_gamma_follows_costs_and_acceptance():
 
 def test_calibration_leaves_the_target_as_it_found_it():
     adapter = "qwen2_5_vl"
-    target = h.tiny(adapter)
-    ad = h.part_class("adapters", adapter)(target)
+    target = hm.tiny(adapter)
+    ad = hm.part_class("adapters", adapter)(target)
     encoded = ad.encode(prompt(adapter).inputs)
-    words = torch.tensor(h.text_ids(target)[30:34])
+    words = torch.tensor(hm.text_ids(target)[30:34])
     measured = ad.prefill(encoded, None)
     curve = measure_verify_curve(measured, encoded.input_ids.cpu(), widths=(1, 3), repeats=1)
     assert curve.ks == [1, 3] and all(t > 0 for t in curve.seconds.values())

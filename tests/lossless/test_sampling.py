@@ -9,17 +9,20 @@ prefill), so full acceptance + bonus, partial acceptance and rejection all occur
 
 from __future__ import annotations
 
-import math
-
-import harness as h
 import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
-ADAPTERS = h.adapter_params()
+from hippo.testing import assert_sampling_exact
+from hippo.testing import models as hm
+from hippo.testing import params as hp
+from hippo.testing import reference as hr
+from hippo.testing import strategies as hs
+
+ADAPTERS = hp.adapter_params()
 TEMPERATURE, TOP_K, NEW = 1.5, 2, 4
 GEN = {"do_sample": True, "temperature": TEMPERATURE, "top_k": TOP_K, "max_new_tokens": NEW}
-N = 20 * h.examples(1.0)  # pipeline runs per configuration: 600 with the ci profile, 120 with dev
+N = 20 * hs.examples(1.0)  # pipeline runs per configuration: 600 with the ci profile, 120 with dev
 DELTA = 1e-3
 
 
@@ -29,21 +32,14 @@ def warpers() -> LogitsProcessorList:
 
 
 def tv_threshold(k: int, n: int, delta: float = DELTA) -> float:
-    """A bound that n samples from a k-outcome law exceed in total variation with probability <= delta.
-
-    E[TV] = 1/2 sum_j E|p^_j - p_j| <= 1/2 sum_j sqrt(p_j (1 - p_j) / n) <= 1/2 sqrt(k / n)
-    (Jensen, then Cauchy-Schwarz). TV changes by at most 1/n when one sample changes, so McDiarmid
-    gives P(TV >= E[TV] + t) <= exp(-2 n t^2); t = sqrt(ln(1/delta) / (2n)).
-    Seeds are fixed, so the test is deterministic; delta is the chance that a correct sampler fails
-    it for a given seed set. (k=16, n=600: 0.082 + 0.076 = 0.16.)
-    """
-    return 0.5 * math.sqrt(k / n) + math.sqrt(math.log(1 / delta) / (2 * n))
+    """hippo.testing's total-variation bound (see `hippo.testing.reference.tv_threshold`)."""
+    return hr.tv_threshold(k, n, delta)
 
 
-def prompt(adapter: str) -> h.Prompt:
-    target = h.tiny(adapter)
-    unit, words = h.pixel_unit(target), h.text_ids(target)
-    return h.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[10:13], words[20:22])
+def prompt(adapter: str) -> hm.Prompt:
+    target = hm.tiny(adapter)
+    unit, words = hm.pixel_unit(target), hm.text_ids(target)
+    return hm.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[10:13], words[20:22])
 
 
 _LAWS: dict[str, dict[tuple[int, ...], float]] = {}
@@ -51,22 +47,22 @@ _LAWS: dict[str, dict[tuple[int, ...], float]] = {}
 
 def law_of(adapter: str) -> dict[tuple[int, ...], float]:
     if adapter not in _LAWS:
-        target = h.tiny(adapter)
-        _LAWS[adapter] = h.exact_law(target, prompt(adapter).inputs, NEW, warpers(), set(h.eos_ids(target)))
+        target = hm.tiny(adapter)
+        _LAWS[adapter] = hr.exact_law(target, prompt(adapter).inputs, NEW, warpers(), set(hm.eos_ids(target)))
     return _LAWS[adapter]
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
 def test_exact_law_is_what_generate_computes(adapter):
     """The enumeration's logits and warpers agree with what `generate` used when it sampled."""
-    target, p = h.tiny(adapter), prompt(adapter)
+    target, p = hm.tiny(adapter), prompt(adapter)
     torch.manual_seed(0)
-    out = h.reference(
+    out = hr.reference(
         target, p.inputs, **GEN, output_logits=True, output_scores=True, return_dict_in_generate=True
     )
-    tokens = h.new_tokens(out.sequences, p.length)
+    tokens = hr.new_tokens(out.sequences, p.length)
     for i in range(len(tokens)):
-        raw = h.next_logits(target, p.inputs, tokens[:i])  # [V], forced along the sampled path
+        raw = hr.next_logits(target, p.inputs, tokens[:i])  # [V], forced along the sampled path
         torch.testing.assert_close(raw, out.logits[i][0], rtol=0, atol=0)
         seq = out.sequences[:, : p.length + i]
         ours = torch.softmax(warpers()(seq, raw[None].double())[0], -1)  # [V] float64
@@ -86,12 +82,12 @@ def configs() -> dict[str, dict]:
     (natural rejections) and with the pruned target as its own draft plus corrupted positions (q
     close to p, so a wrong residual or acceptance rule would show)."""
     out: dict[str, dict] = {}
-    for s in h.names("schedulers"):
-        if not h.part_class("schedulers", s).needs_draft:
+    for s in hm.names("schedulers"):
+        if not hm.part_class("schedulers", s).needs_draft:
             out[s] = dict(scheduler=s)
             continue
         out[f"{s}-draft"] = dict(scheduler=s, draft="draft", gamma=3, keep_ratio=0.5)
-        for ex in h.executor_choices(s)[1:]:  # the overlapped in-process executor too
+        for ex in hm.executor_choices(s)[1:]:  # the overlapped in-process executor too
             out[f"{s}-draft-thread"] = dict(scheduler=s, draft="draft", gamma=3, keep_ratio=0.5, executor=ex)
         out[f"{s}-self-corrupting"] = dict(scheduler=s, draft="self", gamma=3, keep_ratio=0.25, corrupt=True)
     return out
@@ -113,42 +109,32 @@ def sampling_params() -> list:
 
 
 @pytest.mark.parametrize(("adapter", "config"), sampling_params())
-def test_pipeline_samples_the_target_law(adapter, config, corrupting_drafter):
+def test_pipeline_samples_the_target_law(adapter, config):
+    """The public law test (hippo.testing.assert_sampling_exact) on its enumerable setting: the TV
+    bound against the exact joint law, plus the surprisal test, both at level DELTA."""
     opts = dict(configs()[config])
-    target = h.tiny(adapter)
+    scheduler, executor = opts.pop("scheduler"), opts.pop("executor", None)
     role = opts.pop("draft", None)
-    draft = {None: None, "self": target, "draft": h.tiny(adapter, "draft", 1)}[role]
-    if opts.pop("corrupt", False):
-        opts.update(drafter=corrupting_drafter, drafter_options=CORRUPT)
-    pipe = h.build(target, draft, **opts)
-    p, law = prompt(adapter), law_of(adapter)
 
-    samples, rounds = [], []
-    for seed in range(N):
-        out = pipe.generate(p.inputs, seed=seed, **GEN)
-        samples.append(tuple(h.new_tokens(out.sequences, p.length)))
-        rounds.extend(zip(out.stats.accepted_per_round, out.stats.drafted_per_round))
+    def build(case):
+        return case.builder(scheduler, executor=None if executor is None else "thread")
 
-    impossible = sorted({s for s in samples if s not in law})
-    assert not impossible, f"sampled sequences the target cannot emit: {impossible[:5]}"
-    tv, bound = h.total_variation(law, samples), tv_threshold(len(law), N)
-    assert tv <= bound, f"TV {tv:.4f} > {bound:.4f} over {N} runs ({len(law)} outcomes)"
-    if draft is not None:  # the rejection path was exercised: some drafted tokens were rejected
-        assert any(n < g for n, g in rounds), f"no rejection in {len(rounds)} rounds"
-    if role == "self":  # and the uncorrupted positions of a pruned self-draft got accepted
-        assert any(n > 0 for n, _ in rounds), f"no accepted draft token in {len(rounds)} rounds"
-
-
-@pytest.mark.parametrize("adapter", ADAPTERS)
-def test_seeded_runs_are_reproducible(adapter):
-    target, p = h.tiny(adapter), prompt(adapter)
-    pipe = h.build(target, target, gamma=3, keep_ratio=0.25)
-    gen = {"do_sample": True, "max_new_tokens": 12}
-
-    def run(**seeding) -> tuple[int, ...]:
-        return tuple(h.new_tokens(pipe.generate(p.inputs, **seeding, **gen).sequences, p.length))
-
-    first = [run(seed=s) for s in range(4)]
-    assert first == [run(seed=s) for s in range(4)], "same seed, different sequence"
-    assert first == [run(generator=torch.Generator().manual_seed(s)) for s in range(4)]
-    assert len(set(first)) > 1, "four seeds gave the same 12-token sample"
+    res = assert_sampling_exact(
+        build,
+        adapter=adapter,
+        draft=role or "self",
+        gamma=opts.get("gamma", 3),
+        keep_ratio=opts.get("keep_ratio", 0.5),
+        corrupt=CORRUPT["wrong"] if opts.get("corrupt") else None,
+        temperature=TEMPERATURE,
+        top_k=TOP_K,
+        new_tokens=NEW,
+        runs=N,
+        sensitivity=None,
+        delta=DELTA,
+        require_partial=False,
+    )
+    assert res.outcomes == len(law_of(adapter)) and res.runs == N
+    assert res.tv <= tv_threshold(len(law_of(adapter)), N), res.summary()
+    if role is not None:  # the rejection path was exercised: some drafted tokens were rejected
+        assert res.rejected_rounds, f"no rejection in {res.rounds} rounds"

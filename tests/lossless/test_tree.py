@@ -20,7 +20,6 @@ import contextlib
 from typing import Any
 
 import attrs
-import harness as h
 import pytest
 import torch
 from hypothesis import given, settings
@@ -29,9 +28,13 @@ from test_sampling import GEN, law_of, prompt, tv_threshold
 
 import hippo
 from hippo.interfaces import Drafter
+from hippo.testing import models as hm
+from hippo.testing import params as hp
+from hippo.testing import reference as hr
+from hippo.testing import strategies as hs
 from hippo_plugins.tree import TreeDrafter, TreeProposal, chain_of, score_tree
 
-ADAPTERS = h.adapter_params()
+ADAPTERS = hp.adapter_params()
 CORRUPT_TREE = "test-corrupting-tree"
 
 # ---- a corrupting tree drafter (test plugin) ------------------------------------------------------
@@ -110,68 +113,72 @@ tree_shapes = st.one_of(
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
-@settings(max_examples=h.examples(1.0))
+@settings(max_examples=hs.examples(1.0))
 @given(data=st.data())
 def test_tree_greedy_equals_target_generate(adapter, data, corrupting_tree):
-    target = h.tiny(adapter, "target")
+    target = hm.tiny(adapter, "target")
     role = data.draw(st.sampled_from(["self", "draft"]), label="draft")
-    draft = target if role == "self" else h.tiny(adapter, "draft")
-    prompt_ = data.draw(h.prompts(adapter, target), label="prompt")
+    draft = target if role == "self" else hm.tiny(adapter, "draft")
+    prompt_ = data.draw(hs.prompts(adapter, target), label="prompt")
     shape = data.draw(tree_shapes, label="tree shape")
-    wrong = data.draw(st.none() | h.corrupt_patterns, label="corrupted nodes")
+    wrong = data.draw(st.none() | hs.corrupt_patterns, label="corrupted nodes")
     scheduler = data.draw(st.sampled_from(["serial_tree", "serial"]), label="scheduler")
     if wrong is None:
         drafter, options = "tree", shape
     else:
         drafter, options = corrupting_tree, {**{"paths": ((0,),)}, **shape, "wrong": wrong}
-    pipe = h.build(
+    pipe = hr.build_pipeline(
         target,
         draft,
         scheduler=scheduler,
         gamma=data.draw(st.integers(1, 5), label="γ (depth)"),
-        keep_ratio=data.draw(h.keep_ratios, label="keep ratio"),
+        keep_ratio=data.draw(hs.keep_ratios, label="keep ratio"),
         drafter=drafter,
         drafter_options=options,
         verifier=data.draw(st.sampled_from([None, "tree"]), label="verifier"),
     )
-    gen = {"do_sample": False, "max_new_tokens": data.draw(h.max_new_tokens, label="max_new_tokens")}
-    gen, ref = h.eos_stop(target, prompt_.inputs, gen, data.draw(st.none() | st.integers(0, 23), label="EOS"))
+    gen = {"do_sample": False, "max_new_tokens": data.draw(hs.max_new_tokens, label="max_new_tokens")}
+    gen, ref = hr.eos_stop(
+        target, prompt_.inputs, gen, data.draw(st.none() | st.integers(0, 23), label="EOS")
+    )
     out = pipe.generate(prompt_.inputs, **gen)
-    h.assert_same(out, ref, prompt_.length)
+    hr.assert_same(out, ref, prompt_.length)
     s = out.stats
     assert all(0 <= n <= g for n, g in zip(s.accepted_per_round, s.drafted_per_round))
 
 
 @pytest.mark.parametrize("scheduler", ["pearl", "hippo"])
 @pytest.mark.parametrize("adapter", ADAPTERS)
-@settings(max_examples=h.examples(0.5))
+@settings(max_examples=hs.examples(0.5))
 @given(data=st.data())
 def test_tree_under_parallel_schedulers_equals_target_generate(adapter, scheduler, data, corrupting_tree):
-    target = h.tiny(adapter, "target")
+    target = hm.tiny(adapter, "target")
     role = data.draw(st.sampled_from(["self", "draft"]), label="draft")
-    draft = target if role == "self" else h.tiny(adapter, "draft")
-    prompt_ = data.draw(h.prompts(adapter, target), label="prompt")
+    draft = target if role == "self" else hm.tiny(adapter, "draft")
+    prompt_ = data.draw(hs.prompts(adapter, target), label="prompt")
     shape = data.draw(tree_shapes, label="tree shape")
-    wrong = data.draw(st.none() | h.corrupt_patterns, label="corrupted nodes")
+    wrong = data.draw(st.none() | hs.corrupt_patterns, label="corrupted nodes")
     if wrong is None:
         drafter, options = "tree", shape
     else:
         drafter, options = corrupting_tree, {**{"paths": ((0,),)}, **shape, "wrong": wrong}
-    pipe = h.build(
+    pipe = hr.build_pipeline(
         target,
         draft,
         scheduler=scheduler,
         gamma=data.draw(st.integers(1, 5), label="γ (depth)"),
-        keep_ratio=data.draw(h.keep_ratios, label="keep ratio"),
+        keep_ratio=data.draw(hs.keep_ratios, label="keep ratio"),
         drafter=drafter,
         drafter_options=options,
         verifier=data.draw(st.sampled_from([None, "tree"]), label="verifier"),
-        executor=data.draw(st.sampled_from(h.executor_choices(scheduler)), label="executor"),
+        executor=data.draw(st.sampled_from(hm.executor_choices(scheduler)), label="executor"),
     )
-    gen = {"do_sample": False, "max_new_tokens": data.draw(h.max_new_tokens, label="max_new_tokens")}
-    gen, ref = h.eos_stop(target, prompt_.inputs, gen, data.draw(st.none() | st.integers(0, 23), label="EOS"))
+    gen = {"do_sample": False, "max_new_tokens": data.draw(hs.max_new_tokens, label="max_new_tokens")}
+    gen, ref = hr.eos_stop(
+        target, prompt_.inputs, gen, data.draw(st.none() | st.integers(0, 23), label="EOS")
+    )
     out = pipe.generate(prompt_.inputs, **gen)
-    h.assert_same(out, ref, prompt_.length)
+    hr.assert_same(out, ref, prompt_.length)
     s = out.stats
     assert not s.fallback, s.notes
     assert all(0 <= n <= g for n, g in zip(s.accepted_per_round, s.drafted_per_round))
@@ -182,13 +189,13 @@ def test_tree_under_parallel_schedulers_equals_target_generate(adapter, schedule
 def test_tree_rounds_accept_branches_under_every_scheduler(adapter, scheduler):
     """Self-speculation with every visual token: each tree round accepts a full-depth path, and the
     parallel schedulers verify whole trees too (not only their first-child chains)."""
-    target = h.tiny(adapter)
-    unit, words = h.pixel_unit(target), h.text_ids(target)
-    p = h.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[3:6], words[7:9])
-    pipe = h.build(target, target, scheduler=scheduler, gamma=3, keep_ratio=1.0, drafter="tree")
+    target = hm.tiny(adapter)
+    unit, words = hm.pixel_unit(target), hm.text_ids(target)
+    p = hm.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[3:6], words[7:9])
+    pipe = hr.build_pipeline(target, target, scheduler=scheduler, gamma=3, keep_ratio=1.0, drafter="tree")
     gen = {"do_sample": False, "max_new_tokens": 13}
     out = pipe.generate(p.inputs, **gen)
-    h.assert_same(out, h.reference(target, p.inputs, **gen), p.length)
+    hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
     s = out.stats
     # the draft is the target: no draft token is wrong, so nodes drafted but not accepted were on
     # other branches of a tree that was verified whole
@@ -200,13 +207,13 @@ def test_tree_rounds_accept_branches_under_every_scheduler(adapter, scheduler):
 def test_tree_rounds_accept_branches(adapter):
     """Self-speculation with every visual token: the draft is the target, so each round accepts a
     full-depth path of the tree (rounds verify the whole tree, and several nodes per round)."""
-    target = h.tiny(adapter)
-    unit, words = h.pixel_unit(target), h.text_ids(target)
-    p = h.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[3:6], words[7:9])
-    pipe = h.build(target, target, scheduler="serial_tree", gamma=3, keep_ratio=1.0, drafter="tree")
+    target = hm.tiny(adapter)
+    unit, words = hm.pixel_unit(target), hm.text_ids(target)
+    p = hm.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[3:6], words[7:9])
+    pipe = hr.build_pipeline(target, target, scheduler="serial_tree", gamma=3, keep_ratio=1.0, drafter="tree")
     gen = {"do_sample": False, "max_new_tokens": 13}
     out = pipe.generate(p.inputs, **gen)
-    h.assert_same(out, h.reference(target, p.inputs, **gen), p.length)
+    hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
     s = out.stats
     assert s.accepted_per_round[0] == 3 and s.drafted_per_round[0] > 3, s.as_dict()
 
@@ -224,14 +231,14 @@ def random_tree(n: int, vocab: list[int], seed: int) -> TreeProposal:
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
-@settings(max_examples=h.examples(0.5))
-@given(n=st.integers(1, 10), seed=h.seeds, pending=st.integers(1, 3), history=st.integers(0, 2))
+@settings(max_examples=hs.examples(0.5))
+@given(n=st.integers(1, 10), seed=hs.seeds, pending=st.integers(1, 3), history=st.integers(0, 2))
 def test_tree_forward_matches_each_path_run_alone(adapter, n, seed, pending, history):
-    target = h.tiny(adapter)
-    ad = h.part_class("adapters", adapter)(target)
-    words = h.text_ids(target)
-    unit = h.pixel_unit(target)
-    p = h.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[3:6], words[7:9])
+    target = hm.tiny(adapter)
+    ad = hm.part_class("adapters", adapter)(target)
+    words = hm.text_ids(target)
+    unit = hm.pixel_unit(target)
+    p = hm.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[3:6], words[7:9])
     encoded = ad.encode(p.inputs)
     tree = random_tree(n, words, seed)
     extra = torch.tensor(words[20 : 20 + history + pending])  # history: consumed before; pending: not yet
@@ -287,18 +294,20 @@ def test_tree_samples_the_target_law(config, scheduler, executor):
     adapters = [p.values[0] for p in ADAPTERS if not p.marks]
     adapter = "qwen2_5_vl" if "qwen2_5_vl" in adapters else adapters[0]
     opts = dict(SAMPLING[config])
-    target = h.tiny(adapter)
-    draft = target if opts.pop("draft") == "self" else h.tiny(adapter, "draft", 1)
-    pipe = h.build(target, draft, scheduler=scheduler, gamma=3, drafter="tree", executor=executor, **opts)
+    target = hm.tiny(adapter)
+    draft = target if opts.pop("draft") == "self" else hm.tiny(adapter, "draft", 1)
+    pipe = hr.build_pipeline(
+        target, draft, scheduler=scheduler, gamma=3, drafter="tree", executor=executor, **opts
+    )
     p, law = prompt(adapter), law_of(adapter)
-    n = 20 * h.examples(1.0)
+    n = 20 * hs.examples(1.0)
     samples, rounds = [], []
     for seed in range(n):
         out = pipe.generate(p.inputs, seed=seed, **GEN)
-        samples.append(tuple(h.new_tokens(out.sequences, p.length)))
+        samples.append(tuple(hr.new_tokens(out.sequences, p.length)))
         rounds.extend(zip(out.stats.accepted_per_round, out.stats.drafted_per_round))
     impossible = sorted({s for s in samples if s not in law})
     assert not impossible, f"sampled sequences the target cannot emit: {impossible[:5]}"
-    tv, bound = h.total_variation(law, samples), tv_threshold(len(law), n)
+    tv, bound = hr.total_variation(law, samples), tv_threshold(len(law), n)
     assert tv <= bound, f"TV {tv:.4f} > {bound:.4f} over {n} runs ({len(law)} outcomes)"
     assert any(k < g for k, g in rounds), "no rejection"

@@ -18,10 +18,11 @@ from types import SimpleNamespace
 import attrs
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hippo
+from hippo.testing import assert_greedy_lossless
+from hippo.testing.strategies import examples
 from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
 from hippo_plugins.drafters import ChainDrafter
 from hippo_plugins.executors import InlineExecutor
@@ -55,45 +56,37 @@ def build(scheduler: str, self_spec: bool, keep_ratio: float = 0.3, **options):
     )
 
 
-durations = st.floats(min_value=0.1, max_value=30.0, allow_nan=False)
+def test_greedy_lossless_under_any_interleaving():
+    """hippo.testing's check with the simulated executor: hypothesis chooses every forward's virtual
+    duration (`case.timing`), hence how many tokens the draft buffers during the target's prefill
+    and how far an aborted drafting got."""
 
+    def build(case):
+        x = case.extra
+        return case.builder(
+            x["scheduler"], executor="simulated", prune=x["prune"], auto_gamma=x["auto_gamma"]
+        ).selector("uniform", keep_ratio=x["keep ratio"])
 
-@settings(suppress_health_check=[HealthCheck.too_slow])
-@given(
-    scheduler=st.sampled_from(["pearl", "hippo"]),
-    prune=st.sampled_from(["late", "early", "two_phase"]),
-    self_spec=st.booleans(),
-    gamma=st.integers(1, 6),
-    auto_gamma=st.booleans(),
-    keep_ratio=st.sampled_from([0.1, 0.4, 1.0]),
-    timing=st.tuples(durations, durations, durations, durations),
-    grid=st.tuples(st.integers(1, 4), st.sampled_from([28, 56]), st.sampled_from([28, 56, 84])),
-    max_new=st.integers(1, 20),
-    seed=st.integers(0, 2**16),
-)
-def test_greedy_lossless_under_any_interleaving(
-    scheduler, prune, self_spec, gamma, auto_gamma, keep_ratio, timing, grid, max_new, seed
-):
-    target, _ = models()
-    inputs = make_inputs(*grid, seed)
-    tp, tf, dp, df = timing
-    executor_options = {"target_prefill": tp, "target_forward": tf, "draft_prefill": dp, "draft_forward": df}
-    pipe = build(
-        scheduler,
-        self_spec,
-        keep_ratio,
-        gamma=gamma,
-        auto_gamma=auto_gamma,
-        prune=prune,
-        executor="simulated",
-        executor_options=executor_options,
+    def check(case, out):
+        s = out.stats  # out.sequences is already checked equal to target.generate's
+        assert s.new_tokens == out.sequences.shape[1] - case.prompt.length
+        assert 0.0 <= s.draft_hidden_fraction <= 1.0 + 1e-9
+
+    assert_greedy_lossless(
+        build,
+        adapters="qwen2_5_vl",
+        examples=examples(1.0),
+        corrupt=False,
+        executors=("simulated",),
+        draws={
+            "scheduler": st.sampled_from(["pearl", "hippo"]),
+            "prune": st.sampled_from(["late", "early", "two_phase"]),
+            "auto_gamma": st.booleans(),
+            "keep ratio": st.sampled_from([0.1, 0.4, 1.0]),
+        },
+        require_partial=False,
+        on_output=check,
     )
-    out = pipe.generate(inputs, max_new_tokens=max_new, do_sample=False)
-    ref = target.generate(**inputs, max_new_tokens=max_new, do_sample=False)
-    assert torch.equal(out.sequences, ref)
-    s = out.stats
-    assert s.new_tokens == ref.shape[1] - inputs["input_ids"].shape[1]
-    assert 0.0 <= s.draft_hidden_fraction <= 1.0 + 1e-9
 
 
 def test_sync_prefill_buffers_while_the_target_prefills():
@@ -263,6 +256,8 @@ def test_two_pipelines_in_sequence_and_gc(no_leaks):
 _ORPHAN_SCRIPT = """
 import os, signal, sys, torch
 import hippo
+from hippo.testing import assert_greedy_lossless
+from hippo.testing.strategies import examples
 from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
 target, draft = tiny_model("target", seed=0), tiny_model("draft", seed=1)
 inputs = synthetic_inputs(target, torch.rand(2, 56, 56, 3), [1, 5, 6], [7, 8])

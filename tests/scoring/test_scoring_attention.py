@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 
-import harness
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,6 +13,7 @@ from scoring_refs import attention_ref, multi_video_inputs
 
 from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import ScoringContext
+from hippo.testing import strategies as hs
 from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter
 from hippo_plugins.attention import AttentionScorer, query_rows, text_to_visual_attention
 
@@ -35,7 +35,7 @@ def kernel_case(draw):
     return hkv, groups, d, L, rows, cols, chunk, window, normaliser, seed
 
 
-@settings(max_examples=harness.examples(8))
+@settings(max_examples=hs.examples(8))
 @given(kernel_case())
 def test_kernel_matches_materialised_softmax(case):
     hkv, groups, d, L, rows, cols, chunk, window, normaliser, seed = case

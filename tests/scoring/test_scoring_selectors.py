@@ -3,7 +3,6 @@ returns exactly budget(N, keep_ratio) ascending unique in-range indices, plus ea
 
 from __future__ import annotations
 
-import harness
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,6 +12,7 @@ from scoring_refs import grids, visual_from
 from hippo.config import budget
 from hippo.errors import ConfigError, InputError
 from hippo.registry import lookup
+from hippo.testing import strategies as hs
 from hippo.types import VisualTokens
 from hippo_plugins.baselines import DyCokeSelector, FastVIDSelector, FrameSelector
 from hippo_plugins.ranked_selectors import SpecVLMSelector, TopKSelector
@@ -30,7 +30,7 @@ SELECTORS = [
 ratios = st.floats(0.001, 1.0)
 
 
-@settings(max_examples=harness.examples(4))
+@settings(max_examples=hs.examples(4))
 @pytest.mark.parametrize("name,options", SELECTORS, ids=[f"{n}{o}" for n, o in SELECTORS])
 @given(g=grids, ratio=ratios, seed=st.integers(0, 2**16), ties=st.booleans(), negative=st.booleans())
 def test_exact_budget_sorted_unique_in_range(name, options, g, ratio, seed, ties, negative):

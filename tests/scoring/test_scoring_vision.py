@@ -3,7 +3,6 @@ plus their invariances: static video, scaled embeddings, constant frames, severa
 
 from __future__ import annotations
 
-import harness
 import pytest
 import torch
 from hypothesis import given, settings
@@ -12,6 +11,7 @@ from scoring_refs import grids, holistic_ref, spatial_ref, temporal_ref, visual_
 
 from hippo.errors import ConfigError, InputError
 from hippo.interfaces import ScoringContext
+from hippo.testing import strategies as hs
 from hippo.types import VisualTokens
 from hippo_plugins.scorers import HolisticScorer, SpatialScorer, TemporalScorer, frame_zscore
 
@@ -30,7 +30,7 @@ def spatial(visual, **options):
 # ---- temporal -------------------------------------------------------------------------------
 
 
-@settings(max_examples=harness.examples(6))
+@settings(max_examples=hs.examples(6))
 @given(grids, dims, seeds, st.integers(1, 60))
 def test_temporal_matches_reference(g, d, seed, chunk):
     visual = visual_from(g, d, seed)
@@ -68,7 +68,7 @@ def test_temporal_never_crosses_videos():
 # ---- spatial --------------------------------------------------------------------------------
 
 
-@settings(max_examples=harness.examples(6))
+@settings(max_examples=hs.examples(6))
 @given(grids, dims, seeds, st.integers(1, 5), st.sampled_from(["tile", "window"]), st.integers(1, 60))
 def test_spatial_matches_reference(g, d, seed, crop, mode, chunk):
     visual = visual_from(g, d, seed)
@@ -89,7 +89,7 @@ def test_spatial_uniform_frame_is_zero_and_lone_tokens_are_zero():
 # ---- invariances shared by the cosine-based scorers ------------------------------------------
 
 
-@settings(max_examples=harness.examples(4))
+@settings(max_examples=hs.examples(4))
 @given(grids, seeds)
 def test_cosine_scores_ignore_embedding_scale(g, seed):
     visual = visual_from(g, 8, seed)
@@ -118,7 +118,7 @@ def vision_only(**options) -> HolisticScorer:
     return HolisticScorer.from_options(components=["temporal", "spatial"], **options)
 
 
-@settings(max_examples=harness.examples(6))
+@settings(max_examples=hs.examples(6))
 @given(grids, seeds, st.lists(st.floats(-2, 2), min_size=3, max_size=3))
 def test_fuse_matches_reference(g, seed, w):
     visual = visual_from(g, 6, seed)

@@ -1,0 +1,348 @@
+"""`assert_greedy_lossless`: hypothesis-driven, token-for-token comparison with `target.generate`.
+
+Notation: p = target, q = draft, γ = draft length.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from hippo.testing._deps import require_hypothesis
+
+require_hypothesis()
+
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import seed as hypothesis_seed  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import hippo  # noqa: E402
+from hippo.errors import HippoError  # noqa: E402
+from hippo.registry import registry  # noqa: E402
+from hippo.testing import options as _options  # noqa: E402
+from hippo.testing.case import EXECUTORS, Case  # noqa: E402
+from hippo.testing.drafters import CORRUPTING, CorruptingDrafter, corrupting_plugin  # noqa: E402
+from hippo.testing.models import pixel_unit, text_ids, tiny  # noqa: E402
+from hippo.testing.reference import eos_stop, first_difference, new_tokens, partial_rounds  # noqa: E402
+from hippo.testing.report import LosslessViolation, Report, VacuousCheck  # noqa: E402
+from hippo.testing.strategies import _adapters, cases  # noqa: E402
+from hippo.types import GenerateOutput  # noqa: E402
+
+Build = Callable[[Case], Any]  # Case -> PipelineBuilder | Pipeline
+
+
+@attrs.define
+class GreedyResult:
+    """What a passing check saw, summed over its examples."""
+
+    examples: int = 0
+    rounds: int = 0  # verification rounds
+    partial_rounds: int = 0  # rounds that accepted some but not all of their draft tokens
+    rejected_rounds: int = 0  # rounds that rejected a draft token
+    drafted: bool = False  # whether any pipeline had a draft
+
+    def summary(self) -> str:
+        return (
+            f"{self.examples} examples, {self.rounds} verification rounds, {self.partial_rounds} with "
+            f"partial acceptance, {self.rejected_rounds} with a rejection"
+        )
+
+
+# ---- naming what broke ------------------------------------------------------------------------------
+
+
+def part_names(pipe: Any) -> dict[str, str]:
+    """{kind: registered name} of a pipeline's parts (the corrupting drafter with its options)."""
+    names = dict(getattr(pipe, "names", {}) or {})
+    if names.get("scorer") == "auto":
+        names["scorer"] = "none"
+    drafter = getattr(pipe, "drafter", None)
+    if isinstance(drafter, CorruptingDrafter):
+        wrong = "".join("x" if w else "." for w in drafter.config.wrong)
+        names["drafter"] = f"{drafter.config.base} (corrupted at {wrong})"
+    for role in ("target", "draft"):
+        adapter = getattr(pipe, f"{role}_adapter", None)
+        if adapter is not None:
+            names[f"{role} adapter"] = type(adapter).name or type(adapter).__name__
+    return names
+
+
+def _sources(pipe: Any) -> dict[str, str]:
+    """{module of a part's class: 'kind name (source)'} for the parts of `pipe`."""
+    out: dict[str, str] = {}
+    for attr, kind in (
+        ("scheduler", "schedulers"),
+        ("drafter", "drafters"),
+        ("verifier", "verifiers"),
+        ("selector", "selectors"),
+        ("scorer", "scorers"),
+    ):
+        part = getattr(pipe, attr, None)
+        if part is None:
+            continue
+        for name, (cls, source) in registry(kind).items():
+            if type(part) is cls:
+                out.setdefault(type(part).__module__, f"{kind[:-1]} {name!r} from {source}")
+    return out
+
+
+def raising_part(pipe: Any, exc: BaseException) -> str | None:
+    """'kind name (distribution version)' of the innermost part whose code raised `exc`."""
+    sources = _sources(pipe)
+    frames = [f.f_globals.get("__name__", "") for f, _ in traceback.walk_tb(exc.__traceback__)]
+    for module in reversed(frames):
+        if module in sources:
+            return sources[module]
+    return None
+
+
+def _build_ref(build: Any) -> tuple[str, str]:
+    """(import statement, expression) that name `build` in a reproduction line."""
+    if hasattr(build, "reproduction"):
+        return build.reproduction()
+    module, qual = getattr(build, "__module__", None), getattr(build, "__qualname__", "")
+    if module and qual and "<" not in qual and module != "__main__":
+        head, _, _ = qual.partition(".")
+        return f"from {module} import {head}; ", qual
+    return "", "build"  # a lambda or a local function: the reader substitutes it
+
+
+def reproduction(build: Any, case: Case) -> str:
+    imports, expr = _build_ref(build)
+    line = f"from hippo.testing import Case, replay_greedy; {imports}replay_greedy({expr}, {case!r})"
+    if expr == "build":
+        line += "   # build = your build function"
+    return f'python -c "{line}"' if expr != "build" else line
+
+
+# ---- one case ------------------------------------------------------------------------------------
+
+
+def make_pipeline(build: Build, case: Case) -> tuple[Any, bool]:
+    """(pipeline, whether the check built it and so closes it after use)."""
+    made = build(case)
+    if isinstance(made, hippo.PipelineBuilder):
+        return made.build(), True
+    if not hasattr(made, "generate"):
+        raise HippoError(
+            f"build(case) returned {type(made).__name__}; it must return a hippo.PipelineBuilder or a "
+            "pipeline (an object with .generate)"
+        )
+    return made, False
+
+
+def run_case(build: Build, case: Case, made: tuple[Any, bool] | None = None) -> GenerateOutput:
+    """Build the pipeline for `case`, generate, compare with target.generate; raise the report."""
+    pipe, owned = make_pipeline(build, case) if made is None else made
+    target, inputs, L = case.target, case.inputs, case.prompt.length
+    gen, ref = eos_stop(target, inputs, case.generation(), case.eos_pick)
+    want = new_tokens(ref, L)
+    try:
+        out = pipe.generate(inputs, seed=case.seed, **gen)
+    except HippoError:
+        raise
+    except Exception as exc:
+        who = raising_part(pipe, exc) or "a part of the pipeline"
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-3))
+        raise LosslessViolation(
+            Report(
+                check="greedy",
+                summary=f"{who} raised {type(exc).__name__}: {exc}",
+                case=case.short(),
+                parts=part_names(pipe),
+                want_tokens=want,
+                reproduce=reproduction(build, case),
+                counterexample=case,
+                details=tb.rstrip(),
+            )
+        ) from exc
+    finally:
+        if owned:
+            pipe.close()
+    got = new_tokens(out.sequences.cpu(), L)
+    pos = first_difference(got, want)
+    if pos is not None or not torch.equal(out.sequences.cpu(), ref.cpu()):
+        pos = 0 if pos is None else pos
+        raise LosslessViolation(
+            Report(
+                check="greedy",
+                summary="the pipeline's tokens are not target.generate's",
+                case=case.short(),
+                parts=part_names(pipe),
+                position=pos,
+                got=got[pos] if pos < len(got) else None,
+                want=want[pos] if pos < len(want) else None,
+                got_tokens=got,
+                want_tokens=want,
+                reproduce=reproduction(build, case),
+                counterexample=case,
+                details=f"stats: {_stats_line(out)}",
+            )
+        )
+    _check_rounds(out, build, case, pipe)
+    return out
+
+
+def _stats_line(out: GenerateOutput) -> str:
+    s = out.stats
+    return f"rounds={s.rounds} drafted={s.drafted_per_round} accepted={s.accepted_per_round}"
+
+
+def _check_rounds(out: GenerateOutput, build: Build, case: Case, pipe: Any) -> None:
+    """The round bookkeeping is consistent (a schedule that emits past the verifier shows here too)."""
+    s = out.stats
+    problems = []
+    if not len(s.accepted_per_round) == len(s.drafted_per_round) == s.rounds:
+        problems.append("per-round lists and the round count disagree")
+    if not all(0 <= n <= g for n, g in zip(s.accepted_per_round, s.drafted_per_round)):
+        problems.append("a round accepted more tokens than it drafted")
+    if problems:
+        raise LosslessViolation(
+            Report(
+                check="greedy",
+                summary="; ".join(problems),
+                case=case.short(),
+                parts=part_names(pipe),
+                reproduce=reproduction(build, case),
+                counterexample=case,
+                details=f"stats: {_stats_line(out)}",
+            )
+        )
+
+
+def replay_greedy(build: Build, case: Case) -> GenerateOutput:
+    """Run one case (e.g. a reported counterexample) again; raises LosslessViolation if it fails."""
+    with corrupting_plugin():
+        return run_case(build, case)
+
+
+def partial_case(adapter: str, executor: str = "inline") -> Case:
+    """A case that accepts part of a draft for sure: the target drafts for itself from every visual
+    token (so its drafts are right) and the second draft token of each round is corrupted."""
+    model = tiny(adapter)
+    unit, words = pixel_unit(model), text_ids(model)
+    return Case(
+        adapter,
+        (2, 2 * unit, 2 * unit),
+        words[3:6],
+        words[7:9],
+        draft="self",
+        gamma=4,
+        keep_ratio=1.0,
+        max_new_tokens=12,
+        wrong=(False, True),
+        executor=executor,
+    )
+
+
+# ---- the property ---------------------------------------------------------------------------------
+
+
+def hypothesis_settings(examples: int | None, seed: int | None, shrink: bool = True) -> settings:
+    """The active profile's settings, with `examples` and without deadlines or slow-data warnings;
+    `shrink=False` reports the first counterexample found instead of the smallest."""
+    n = examples if examples is not None else _options.default_examples()
+    kw: dict[str, Any] = dict(
+        max_examples=max(1, int(n)),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+        report_multiple_bugs=False,
+    )
+    if seed is not None:
+        kw.update(derandomize=False, database=None)
+    skip = {"explain"} if shrink else {"explain", "shrink"}  # explain: costly, and not in the report
+    kw["phases"] = [p for p in settings().phases if p.name not in skip]
+    return settings(settings(), **kw)
+
+
+def assert_greedy_lossless(
+    build: Build,
+    *,
+    adapters: Sequence[str] | str | None = None,
+    examples: int | None = None,
+    seed: int | None = None,
+    corrupt: bool = True,
+    self_draft: bool | None = None,
+    executors: Sequence[str] = EXECUTORS,
+    draws: Mapping[str, st.SearchStrategy] | None = None,
+    stops: bool = True,
+    require_partial: bool = True,
+    shrink: bool = True,
+    max_shrinks: int = 100,
+    on_output: Callable[[Case, GenerateOutput], None] | None = None,
+) -> GreedyResult:
+    """Check that `build(case)`'s pipeline returns exactly `target.generate(...)` on drawn cases.
+
+    `build` takes a `Case` and returns a `hippo.PipelineBuilder` or a pipeline; `case.builder(...)`
+    is a builder already holding the case's tiny pair, γ, keep ratio, corrupted drafter and executor.
+    `adapters`: the adapters whose tiny pairs are drawn (default: all that have one); `examples`:
+    hypothesis examples (default: `--hippo-examples`, else the active hypothesis profile's);
+    `seed`: a fixed hypothesis seed (default: the profile's behaviour). `draws` are extra
+    strategies whose values land in `case.extra`; `stops=False` draws no min_new_tokens or mid-way
+    EOS; `on_output(case, out)` may add assertions;
+    `shrink=False` skips hypothesis's shrinking (faster, the first counterexample is reported);
+    shrinking stops after `max_shrinks` tries, reporting the smallest failing case so far (a count,
+    not a time, so a seed reproduces the same report on any machine).
+
+    Raises `LosslessViolation` with the shrunk counterexample's report, or `VacuousCheck` when the
+    pipelines drafted but no round ever accepted some but not all of its draft tokens (with
+    `require_partial`). Returns a `GreedyResult`.
+    """
+    result = GreedyResult()
+    failed: list[Case] = []  # every case that failed, and the tries since the first failure
+    tries = [0]
+    strategy = cases(
+        adapters, corrupt=corrupt, self_draft=self_draft, executors=executors, draws=draws, stops=stops
+    )
+
+    def lossless(case: Case) -> None:
+        # After `max_shrinks` tries, only cases that already failed run (and fail again, for
+        # hypothesis's final replay of the smallest); every other candidate passes at once, so
+        # shrinking ends with the smallest failing case found so far.
+        if failed:
+            tries[0] += 1
+            if tries[0] > max_shrinks and case not in failed:
+                return
+        try:
+            checked(case)
+        except (LosslessViolation, AssertionError):
+            failed.append(case)
+            raise
+
+    def checked(case: Case) -> None:
+        made = make_pipeline(build, case)
+        drafts = getattr(made[0], "draft_adapter", None) is not None
+        out = run_case(build, case, made)
+        if on_output is not None:
+            on_output(case, out)
+        s = out.stats
+        result.examples += 1
+        result.drafted = result.drafted or drafts
+        result.rounds += s.rounds
+        result.partial_rounds += len(partial_rounds(out))
+        result.rejected_rounds += sum(n < g for n, g in zip(s.accepted_per_round, s.drafted_per_round))
+
+    # Derandomized profiles seed hypothesis from the test function: make it differ per calling
+    # test (and pytest param) and per adapter set, so each call explores its own cases.
+    where = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    lossless._hypothesis_internal_add_digest = f"{where}|{_adapters(adapters)}".encode()
+    lossless = hypothesis_settings(examples, seed, shrink)(given(case=strategy)(lossless))
+    if corrupt and not draws:
+        lossless = example(case=partial_case(_adapters(adapters)[0], executors[0]))(lossless)
+    if seed is not None:
+        lossless = hypothesis_seed(seed)(lossless)
+    with corrupting_plugin():
+        lossless()
+    if require_partial and result.drafted and not result.partial_rounds:
+        raise VacuousCheck(
+            f"no round accepted some but not all of its draft tokens over {result.summary()}: the "
+            "partial-acceptance path was never exercised, so this check proves little. Build with "
+            f"case.builder(...) (it corrupts drawn draft positions through the {CORRUPTING!r} drafter), "
+            "use more examples, or pass require_partial=False"
+        )
+    return result

@@ -1,0 +1,196 @@
+"""`hippo check NAME`: the harness run on one installed part, combined with the built-in parts it needs.
+
+`check_plugin` returns a `CheckResult` (exit status 0: lossless on every case, 1: a counterexample,
+with its report) and raises a HippoError for bad usage (exit 2): an unknown name, a name registered
+under several kinds without `kind`, a part that cannot be built with its defaults (the message names
+the missing options), a plugin whose registration hook raises (the message names its distribution).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from hippo.errors import ConfigError, HippoError, PluginError
+from hippo.registry import KINDS, origin_of, plugin_manager, registry
+from hippo.testing.case import Case
+from hippo.testing.models import config_fields, part_class, required_options
+
+#: Options the harness itself gives a part when its Config has them.
+SUPPLIED = {"gamma", "keep_ratio", "seed", "executor", "executor_options"}
+CHECKABLE = ("schedulers", "selectors", "scorers", "drafters", "verifiers", "executors", "adapters")
+
+
+def safe_registry(kind: str) -> dict[str, tuple[type, str]]:
+    """`registry(kind)`, with a raising `hippo_register_<kind>` hook named by its distribution."""
+    pm = plugin_manager()
+    for impl in getattr(pm.hook, f"hippo_register_{kind}").get_hookimpls():
+        try:
+            impl.function()
+        except Exception as exc:
+            raise PluginError(
+                f"the hippo_register_{kind} hook of {origin_of(pm, impl.plugin)} raised "
+                f"{type(exc).__name__}: {exc}; fix or uninstall that distribution"
+            ) from exc
+    return registry(kind)
+
+
+def find_kind(name: str, kind: str | None = None) -> tuple[str, str]:
+    """(kind, source) of the part registered as `name`; `kind` may be singular or plural."""
+    if kind is not None:
+        kind = kind if kind.endswith("s") else kind + "s"
+        if kind not in CHECKABLE:
+            raise ConfigError(f"--kind {kind!r} is not one of {', '.join(k[:-1] for k in CHECKABLE)}")
+    found = {k: safe_registry(k)[name][1] for k in KINDS if name in safe_registry(k)}
+    if kind is not None:
+        if kind not in found:
+            known = ", ".join(sorted(safe_registry(kind))) or "none"
+            raise PluginError(f"no {kind[:-1]} named {name!r} is installed; installed {kind}: {known}")
+        return kind, found[kind]
+    if not found:
+        known = "; ".join(f"{k}: {', '.join(sorted(safe_registry(k))) or 'none'}" for k in CHECKABLE)
+        raise PluginError(f"no part named {name!r} is installed (see `hippo plugins`); installed {known}")
+    if len(found) > 1:
+        raise ConfigError(
+            f"{name!r} is registered as {' and '.join(k[:-1] for k in found)}: choose one with --kind"
+        )
+    return next(iter(found.items()))
+
+
+def _first(kind: str, want: Any, prefer: tuple[str, ...]) -> str | None:
+    names = [n for n, (cls, _) in sorted(registry(kind).items()) if want(cls)]
+    return next((n for n in prefer if n in names), names[0] if names else None)
+
+
+@attrs.frozen
+class plugin_build:  # noqa: N801 - used like a function in reproduction lines
+    """The pipeline `hippo check` builds around one part: `plugin_build(kind, name)(case)`."""
+
+    kind: str
+    name: str
+
+    def __call__(self, case: Case) -> Any:
+        k, n = self.kind, self.name
+        if k == "schedulers":
+            return case.builder(scheduler=n)
+        if k == "selectors":
+            scorer = (
+                _first("scorers", lambda c: True, ("holistic",)) if part_class(k, n).needs_scores else None
+            )
+            return case.builder(selector=n, scorer=scorer)
+        if k == "scorers":
+            selector = _first("selectors", lambda c: c.needs_scores, ("topk",)) or "uniform"
+            return case.builder(selector=selector, scorer=n)
+        if k == "drafters":
+            return case.builder(drafter=n)
+        if k == "verifiers":
+            return case.builder(verifier=n)
+        if k == "executors":
+            scheduler = _first("schedulers", lambda c: "executor" in config_fields(c), ("hippo", "pearl"))
+            if scheduler is None:
+                raise ConfigError(f"executor {n!r}: no installed scheduler takes an executor")
+            return case.builder(scheduler=scheduler, executor=n)
+        return case.builder()  # adapters: the default pipeline on that adapter's tiny pair
+
+    def reproduction(self) -> tuple[str, str]:
+        return "from hippo.testing import plugin_build; ", repr(self)
+
+    def __repr__(self) -> str:
+        return f"plugin_build({self.kind!r}, {self.name!r})"
+
+
+@attrs.define
+class CheckResult:
+    kind: str
+    name: str
+    source: str
+    status: int = 0  # 0 lossless, 1 counterexample
+    lines: list = attrs.field(factory=list)
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _check_buildable(kind: str, name: str) -> None:
+    cls = part_class(kind, name)
+    missing = [o for o in required_options(cls) if o not in SUPPLIED]
+    if missing:
+        raise ConfigError(
+            f"{kind[:-1]} {name!r} cannot be built with its defaults: option(s) {', '.join(missing)} have no "
+            f"default. Check it from Python with hippo.testing.assert_greedy_lossless(lambda case: "
+            f"case.builder(...)) and pass {', '.join(f'{o}=...' for o in missing)}"
+        )
+
+
+def check_plugin(
+    name: str,
+    kind: str | None = None,
+    *,
+    examples: int = 20,
+    seed: int = 0,
+    sampling: bool = False,
+    adapters: list[str] | None = None,
+    shrink: bool = True,
+) -> CheckResult:
+    """Run the greedy harness (and with `sampling` the law test) on the part registered as `name`."""
+    from hypothesis.errors import Flaky
+
+    from hippo.testing.greedy import assert_greedy_lossless
+    from hippo.testing.models import tiny_adapters
+    from hippo.testing.report import LosslessViolation, VacuousCheck
+    from hippo.testing.sampling import assert_sampling_exact, default_adapter
+
+    if examples < 1:
+        raise ConfigError(f"--examples must be >= 1, got {examples}")
+    kind, source = find_kind(name, kind)
+    _check_buildable(kind, name)
+    build = plugin_build(kind, name)
+    if kind == "adapters":
+        if name not in tiny_adapters():
+            raise ConfigError(
+                f"adapter {name!r} ships no tiny model (Adapter.tiny_module), so it cannot be checked"
+            )
+        adapters = [name]
+    res = CheckResult(kind, name, source)
+    head = f"hippo check: {kind[:-1]} {name!r} from {source}"
+    res.lines.append(head)
+    try:
+        # one default case first: a part that cannot be built is bad usage (exit 2), not a counterexample
+        from hippo.testing.drafters import corrupting_plugin
+        from hippo.testing.sampling import sampling_case
+
+        with corrupting_plugin():
+            probe = build(sampling_case((adapters or [None])[0]))
+            if hasattr(probe, "build"):
+                probe.build().close()
+    except HippoError as exc:
+        raise type(exc)(f"{kind[:-1]} {name!r} from {source} cannot be built with defaults: {exc}") from exc
+    try:
+        greedy = assert_greedy_lossless(build, adapters=adapters, examples=examples, seed=seed, shrink=shrink)
+        res.lines.append(f"greedy: lossless on {greedy.summary()}")
+        if sampling:
+            law = assert_sampling_exact(build, adapter=(adapters or [default_adapter()])[0], seed=seed)
+            res.lines.append(f"sampling: exact law, {law.summary()}")
+    except LosslessViolation as exc:
+        res.status = 1
+        res.lines.append(exc.report.format())
+        res.lines.append(
+            f"  or run: hippo check {name} --kind {kind[:-1]} --examples {examples} --seed {seed}"
+        )
+    except VacuousCheck as exc:
+        res.status = 1
+        res.lines.append(f"hippo.testing: the check proved nothing: {exc}")
+    except Flaky as exc:  # failed, then passed on the same case: the part is not deterministic
+        res.status = 1
+        inner = [e for e in getattr(exc, "exceptions", ()) if isinstance(e, LosslessViolation)]
+        res.lines.append(
+            f"hippo.testing: {kind[:-1]} {name!r} failed on a case and then passed on the same case: its "
+            "output is not a function of the inputs and seed, which a lossless part's must be"
+        )
+        res.lines.extend(e.report.format() for e in inner[:1])
+    except HippoError as exc:
+        raise type(exc)(f"{kind[:-1]} {name!r} from {source}: {exc}") from exc
+    else:
+        res.lines.append(f"OK: {kind[:-1]} {name!r} is lossless on every case tried")
+    return res

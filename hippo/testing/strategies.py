@@ -1,0 +1,150 @@
+"""Hypothesis strategies: videos, prompts, decode settings, γ, keep ratios, corruption, timings, cases.
+
+Notation: p = target, q = draft, γ = draft length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hippo.testing._deps import require_hypothesis
+
+require_hypothesis()
+
+from hypothesis import strategies as st  # noqa: E402
+
+from hippo.errors import ConfigError  # noqa: E402
+from hippo.testing.case import EXECUTORS, Case  # noqa: E402
+from hippo.testing.models import Prompt, eos_ids, pixel_unit, text_ids, tiny, tiny_adapters  # noqa: E402
+from hippo.testing.options import default_examples  # noqa: E402
+
+frames = st.integers(1, 6)
+pixel_multiples = st.integers(1, 4)  # H and W are 1..4 times the adapter's pixel unit (28 for Qwen2.5-VL)
+gammas = st.integers(1, 8)
+keep_ratios = st.floats(0.05, 1.0, allow_nan=False)
+max_new_tokens = st.integers(1, 24)
+seeds = st.integers(0, 2**31 - 1)
+model_seeds = st.integers(0, 2)  # tiny models are cached per seed: keep the set small
+eos_picks = st.none() | st.integers(0, 23)
+corrupt_patterns = st.lists(st.booleans(), min_size=1, max_size=8).map(tuple)
+durations = st.floats(min_value=0.1, max_value=30.0, allow_nan=False)  # virtual seconds
+#: (target prefill, target forward, draft prefill, draft forward) for the simulated executor
+timings = st.tuples(durations, durations, durations, durations)
+
+
+def examples(weight: float) -> int:
+    """max_examples for one test: `weight` times `--hippo-examples` if given, else times the active
+    hypothesis profile's max_examples."""
+    return max(1, round(default_examples() * weight))
+
+
+def grids(model: Any) -> st.SearchStrategy[tuple[int, int, int]]:  # (T, H, W) in pixels
+    unit = pixel_unit(model)
+    side = pixel_multiples.map(lambda k: k * unit)
+    return st.tuples(frames, side, side)
+
+
+def text(model: Any, max_size: int = 6, with_eos: bool = False) -> st.SearchStrategy[list[int]]:
+    """Lists of text ids; EOS may appear (without stopping anything) only when asked for."""
+    pool = text_ids(model) + (eos_ids(model) if with_eos else [])
+    return st.lists(st.sampled_from(pool), max_size=max_size)
+
+
+@st.composite
+def prompts(draw, adapter: str, model: Any, with_eos: bool = False) -> Prompt:
+    grid = draw(grids(model), label="grid (T, H, W)")
+    return Prompt(
+        adapter,
+        model,
+        grid,
+        draw(seeds, label="video seed"),
+        draw(text(model, with_eos=with_eos), label="text before"),
+        draw(text(model, with_eos=with_eos), label="text after"),
+    )
+
+
+def _adapters(adapters: Sequence[str] | str | None) -> list[str]:
+    if isinstance(adapters, str):
+        adapters = [adapters]
+    names = list(adapters) if adapters is not None else tiny_adapters()
+    available = tiny_adapters()
+    missing = [a for a in names if a not in available]
+    if missing or not names:
+        raise ConfigError(
+            f"no tiny model for adapter(s) {', '.join(missing) or '(none given)'}; adapters with one: "
+            f"{', '.join(available) or 'none'} (an adapter provides one through its `tiny_module`)"
+        )
+    return names
+
+
+def pairs(adapters: Sequence[str] | str | None = None) -> st.SearchStrategy[tuple[str, Any, Any]]:
+    """(adapter, target p, draft q): tiny float64 pairs of `adapters` (default: every adapter with a
+    tiny model, a third party's included)."""
+    names = _adapters(adapters)
+
+    @st.composite
+    def build(draw) -> tuple[str, Any, Any]:
+        adapter = draw(st.sampled_from(names), label="adapter")
+        target = tiny(adapter, "target", draw(model_seeds, label="target seed"))
+        return adapter, target, tiny(adapter, "draft", draw(model_seeds, label="draft seed"))
+
+    return build()
+
+
+def cases(
+    adapters: Sequence[str] | str | None = None,
+    *,
+    corrupt: bool = True,
+    self_draft: bool | None = None,
+    executors: Sequence[str] = EXECUTORS,
+    draws: Mapping[str, st.SearchStrategy] | None = None,
+    stops: bool = True,
+) -> st.SearchStrategy[Case]:
+    """Whole test cases: a tiny pair of one of `adapters` (default: every adapter with a tiny model),
+    a video and prompt (EOS ids in the text sometimes), γ, a keep ratio, a token budget, a
+    min_new_tokens, an EOS that stops mid-way, a run seed, corrupted draft positions (with
+    `corrupt`), an executor and simulated timings, and `draws` (name -> strategy) into `case.extra`.
+
+    `self_draft`: True always drafts with the target itself, False always with the tiny draft,
+    None lets hypothesis choose. `stops=False` draws no min_new_tokens and no mid-way EOS.
+    """
+    names = _adapters(adapters)
+    extra = dict(draws or {})
+    bad = [e for e in executors if e not in EXECUTORS]
+    if bad or not executors:
+        raise ConfigError(f"executors {bad or list(executors)}: choose among {', '.join(EXECUTORS)}")
+
+    @st.composite
+    def build(draw) -> Case:
+        adapter = draw(st.sampled_from(names), label="adapter")
+        target_seed = draw(model_seeds, label="target seed")
+        model = tiny(adapter, "target", target_seed)
+        roles = ["self", "draft"] if self_draft is None else (["self"] if self_draft else ["draft"])
+        with_eos = draw(st.booleans(), label="EOS ids in the prompt")
+        max_new = draw(max_new_tokens, label="max_new_tokens")
+        return Case(
+            adapter=adapter,
+            grid=draw(grids(model), label="grid (T, H, W)"),
+            before=draw(text(model, with_eos=with_eos), label="text before"),
+            after=draw(text(model, with_eos=with_eos), label="text after"),
+            video_seed=draw(seeds, label="video seed"),
+            target_seed=target_seed,
+            draft=draw(st.sampled_from(roles), label="draft"),
+            draft_seed=draw(model_seeds, label="draft seed"),
+            gamma=draw(gammas, label="γ"),
+            keep_ratio=draw(keep_ratios, label="keep ratio"),
+            selector_seed=draw(st.none() | seeds, label="selector seed"),
+            max_new_tokens=max_new,
+            min_new_tokens=draw(st.none() | st.integers(1, max_new), label="min_new_tokens")
+            if stops
+            else None,
+            eos_pick=draw(eos_picks, label="EOS pick") if stops else None,
+            seed=draw(seeds, label="run seed"),
+            wrong=draw(st.none() | corrupt_patterns, label="corrupted positions") if corrupt else None,
+            executor=draw(st.sampled_from(list(executors)), label="executor"),
+            timing=draw(timings, label="timings"),
+            extra={k: draw(v, label=k) for k, v in sorted(extra.items())},
+        )
+
+    return build()

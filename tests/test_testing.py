@@ -1,0 +1,258 @@
+"""hippo.testing, the public lossless harness: it catches a lossy plugin (in Python and with
+`hippo check`), passes correct ones, reports what a person needs, and fails cleanly on bad input.
+
+The lossy plugin is tests/fixtures/lossy (a scheduler that, in a rare state, emits a draft token
+without verifying it); it is registered at runtime here, and installed for real in one subprocess
+test, together with the third-party example package and its own test suite.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hippo
+from hippo.cli import main
+from hippo.errors import ConfigError, PluginError
+from hippo.testing import (
+    Case,
+    LosslessViolation,
+    assert_greedy_lossless,
+    assert_sampling_exact,
+    check_plugin,
+    plugin_build,
+    replay_greedy,
+)
+from hippo.testing._deps import MissingTestingDependency, require_hypothesis
+
+FIXTURES = Path(__file__).parent / "fixtures"
+sys.path.insert(0, str(FIXTURES / "lossy"))
+import hippo_lossy_example  # noqa: E402
+
+LOSSY = "lossy_skip_verify"
+ADAPTER = "qwen2_5_vl"
+
+
+@pytest.fixture
+def lossy_plugin():
+    pm = hippo.plugin_manager()
+    pm.register(hippo_lossy_example, name="hippo-tests-lossy")
+    try:
+        yield
+    finally:
+        pm.unregister(plugin=hippo_lossy_example)
+
+
+def test_assert_greedy_lossless_catches_the_lossy_scheduler(lossy_plugin):
+    def build(case):
+        return case.builder(LOSSY)
+
+    with pytest.raises(LosslessViolation) as info:
+        assert_greedy_lossless(build, adapters=ADAPTER, examples=10, seed=0, shrink=False)
+    r = info.value.report
+    print(r.format())
+    assert r.check == "greedy" and r.position is not None and r.got != r.want
+    assert r.got_tokens[: r.position] == r.want_tokens[: r.position]
+    assert f"adapter={ADAPTER}" in r.case and "γ=" in r.case and "keep_ratio=" in r.case and "seed=" in r.case
+    assert r.parts["scheduler"] == LOSSY
+    assert "replay_greedy(" in r.reproduce and "Case(adapter=" in r.reproduce
+    with pytest.raises(LosslessViolation):  # the reported counterexample reproduces
+        replay_greedy(build, r.counterexample)
+
+
+def test_hippo_check_catches_the_lossy_scheduler_and_reproduces(lossy_plugin, capsys):
+    rc = main(["check", LOSSY, "--examples", "10", "--adapter", ADAPTER, "--no-shrink"])
+    out = capsys.readouterr().out
+    print(out)
+    assert rc == 1
+    assert "greedy check FAILED" in out and "first difference at generated position" in out
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("reproduce:"))
+    code = line.split('python -c "', 1)[1].rstrip('"')
+    with pytest.raises(LosslessViolation):  # the one-line snippet runs the counterexample again
+        exec(code, {})
+
+
+def test_correct_parts_pass(capsys):
+    assert main(["check", "serial", "--kind", "scheduler", "--examples", "3", "--adapter", ADAPTER]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "greedy: lossless on 4 examples" in out and "OK: scheduler 'serial'" in out
+    )  # 3 drawn + the fixed partial case
+    res = check_plugin("topk", examples=2, adapters=[ADAPTER])
+    assert res.status == 0 and res.kind == "selectors", res.text()
+
+
+@pytest.mark.parametrize(
+    "name, kind", [("holistic", None), ("rejection", None), ("chain", None), ("simulated", None)]
+)
+def test_hippo_check_builds_each_kind_with_the_parts_it_needs(name, kind):
+    res = check_plugin(name, kind, examples=1, adapters=[ADAPTER])
+    assert res.status == 0, res.text()
+
+
+def test_reproduction_of_a_passing_case():
+    case = Case(
+        ADAPTER, (2, 56, 56), (5, 6), (7,), draft="self", gamma=3, wrong=(False, True), max_new_tokens=9
+    )
+    out = replay_greedy(plugin_build("schedulers", "serial"), case)
+    assert out.stats.new_tokens == 9
+
+
+def test_hippo_check_bad_usage(capsys):
+    assert main(["check", "no_such_part"]) == 2
+    assert "no part named 'no_such_part' is installed" in capsys.readouterr().err
+    assert main(["check", "serial", "--kind", "selector"]) == 2
+    assert "no selector named 'serial'" in capsys.readouterr().err
+    assert main(["check", "serial", "--examples", "0"]) == 2
+
+
+class _NeedsOptions(hippo.Scheduler):
+    import attrs as _attrs
+
+    @_attrs.frozen
+    class Config:
+        period: int
+        gamma: int = 2
+
+    def run(self, job):  # pragma: no cover - never built
+        raise AssertionError
+
+
+class _OptionsPlugin:
+    @hippo.hookimpl
+    def hippo_register_schedulers(self):
+        return {"needs_period": _NeedsOptions}
+
+
+class _RaisingHookPlugin:
+    @hippo.hookimpl
+    def hippo_register_schedulers(self):
+        raise RuntimeError("boom in the hook")
+
+
+@pytest.mark.parametrize(
+    "plugin, args, message",
+    [
+        (_OptionsPlugin(), ["needs_period"], "option(s) period have no default"),
+        (
+            _RaisingHookPlugin(),
+            ["serial"],
+            "the hippo_register_schedulers hook of runtime plugin 'extra' raised",
+        ),
+    ],
+)
+def test_hippo_check_refuses_unbuildable_or_broken_plugins(plugin, args, message, capsys):
+    pm = hippo.plugin_manager()
+    pm.register(plugin, name="extra")
+    try:
+        assert main(["check", *args, "--examples", "1"]) == 2
+    finally:
+        pm.unregister(plugin=plugin)
+    assert message in capsys.readouterr().err
+
+
+def test_missing_hypothesis_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "hypothesis", None)
+    with pytest.raises(MissingTestingDependency, match=r"pip install 'hippo\[testing\]'"):
+        require_hypothesis()
+    assert main(["check", "serial"]) == 2
+
+
+def test_bad_adapter_is_a_config_error():
+    with pytest.raises(ConfigError, match="no tiny model for adapter"):
+        assert_greedy_lossless(lambda case: case.builder(), adapters="nope", examples=1)
+    with pytest.raises(PluginError):
+        check_plugin("nope")
+
+
+# ---- the law test: calibrated in both directions -----------------------------------------------------
+
+
+class _OffTemperature:
+    """A sampler whose temperature is off by `factor` (everything else is the honest pipeline)."""
+
+    def __init__(self, pipe, factor: float):
+        self.pipe, self.factor, self.draft_adapter = pipe, factor, pipe.draft_adapter
+
+    def generate(self, inputs, **gen):
+        return self.pipe.generate(inputs, **{**gen, "temperature": gen["temperature"] * self.factor})
+
+    def close(self):
+        self.pipe.close()
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_law_test_passes_an_exact_sampler_and_fails_a_10_percent_temperature_error(factor):
+    """Defaults: runs until a 10% temperature error is detectable with 99% power (target alone,
+    the cheapest exact sampler; drafting pipelines are covered by tests/lossless/test_sampling.py)."""
+
+    def build(case):
+        return _OffTemperature(case.builder("autoregressive").build(), factor)
+
+    if factor == 1.0:
+        res = assert_sampling_exact(build, adapter=ADAPTER)
+        assert abs(res.z) <= res.z_bound and res.detectable <= 0.1, res.summary()
+        return
+    with pytest.raises(LosslessViolation, match="hot" if factor > 1 else "cold") as info:
+        assert_sampling_exact(build, adapter=ADAPTER)
+    print(info.value.report.format())
+
+
+# ---- installed for real: the lossy package and the third-party package with its own suite -------------
+
+
+def _install(src: Path, root: Path, site: Path) -> None:
+    copy = root / src.name
+    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index"]
+    cmd += ["--disable-pip-version-check", "--quiet", "--target", str(site), str(copy)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_installed_plugins_with_hippo_check_and_their_own_suite(tmp_path):
+    site = tmp_path / "site"
+    for src in (FIXTURES / "lossy", FIXTURES / "thirdparty"):
+        _install(src, tmp_path, site)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+    }
+    env.pop("HIPPO_DISABLE_PLUGIN_AUTOLOAD", None)
+    hippo_cli = [sys.executable, "-m", "hippo.cli"]
+    raising = subprocess.run(
+        [*hippo_cli, "check", "lossy_raising", "--examples", "1", "--adapter", ADAPTER],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert raising.returncode == 1, raising.stdout + raising.stderr
+    assert "scheduler 'lossy_raising' from hippo-lossy-example 0.1.0 raised RuntimeError" in raising.stdout
+    # the third party's own suite, on the public API and the pytest plugin's --hippo-examples
+    suite = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hippo-examples", "2", "tests"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path / "thirdparty",
+    )
+    assert suite.returncode == 0, suite.stdout[-3000:] + suite.stderr[-3000:]
+    assert "2 passed" in suite.stdout
+
+
+def test_readme_shows_the_third_party_suite():
+    """README's "Prove your plugin lossless" test is the example package's own suite, word for word."""
+    import re
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Prove your plugin lossless") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    suite = (FIXTURES / "thirdparty" / "tests" / "test_lossless.py").read_text()
+    assert code.strip() == suite[suite.index("from hippo.testing") :].strip()
