@@ -83,6 +83,8 @@ def methods(keep: float, gamma: int, *, quick: bool, compiled: bool = True) -> l
         ),
         Method("PEARL-video", scheduler="pearl", scheduler_options=par, parallel=True, **holistic),
         hippo_row("HIPPO"),
+        hippo_row("HIPPO, γ from the cost model", options={"gamma": "auto"}),
+        Method("SD (serial, full video), γ from the cost model", scheduler_options={"gamma": "auto"}),
         Method("SD-tree (full video)", scheduler="serial_tree", scheduler_options=serial, drafter="tree"),
         Method(
             "SpecVLM (tree + SpecVLM pruning)",
@@ -118,7 +120,7 @@ def methods(keep: float, gamma: int, *, quick: bool, compiled: bool = True) -> l
     rows.append(
         hippo_row("HIPPO, target prefill on 2 cores", "cores", {"executor_options": {"prefill_threads": 2}})
     )
-    rows.append(hippo_row("HIPPO auto γ", "sweep-gamma", {"auto_gamma": True}))
+    rows.append(hippo_row("HIPPO auto_gamma (speed ratio)", "sweep-gamma", {"auto_gamma": True}))
     for g in (g for g in (2, 3, 5, 8, 12) if g != gamma):  # γ = gamma is the main HIPPO row
         rows.append(hippo_row(f"HIPPO γ={g}", "sweep-gamma", {"gamma": g}))
     return rows

@@ -26,6 +26,7 @@ from benchmarks.widen import weights_digest, widen
 PAIR_DIR = Path(__file__).parent / "pair"  # the captioning pair
 NARRATE_DIR = Path(__file__).parent / "pair_narrate"  # the narration pair (the benchmark's default)
 CHECKSUMS = "checksums.json"
+MEASURED = "measured.json"  # figures measured on a pair (not part of it, so not checksummed)
 #: how each committed pair's target is widened (k: residual/attention, m: MLP neurons per unit)
 WIDEN = {PAIR_DIR.name: {"k": 4, "m": 4}, NARRATE_DIR.name: {"k": 8, "m": 4}}
 
@@ -39,7 +40,7 @@ def file_sha256(path: Path) -> str:
 
 
 def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, MEASURED))
 
 
 def _load(path: Path, dtype: torch.dtype) -> Qwen2_5_VLForConditionalGeneration:
