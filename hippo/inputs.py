@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 import torch
 
+from hippo.checkpoint import check_checkpoint  # noqa: F401 - re-exported for the CLI
 from hippo.errors import ConfigError, HippoError, InputError, ModelError, VideoError
 from hippo.sampling import check_vocab
 from hippo.video import VideoClip, sample_indices
@@ -32,7 +33,6 @@ from hippo.video import VideoClip, sample_indices
 #: progress(stage, event): event is "start", "end", or "update" (with done/total for video decode).
 Progress = Callable[..., None]
 
-WEIGHT_GLOBS = ("*.safetensors", "*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PROCESSOR_FILES = ("video_preprocessor_config.json", "preprocessor_config.json")
 DECODE_CHUNK = 16  # frames decoded per decord call (one progress step)
@@ -51,20 +51,6 @@ class SampledVideo(VideoClip):
 
 
 # ---- checkpoints ----------------------------------------------------------------------------------
-
-
-def check_checkpoint(path: str | os.PathLike) -> Path:
-    """A local checkpoint directory with a config.json and weights (same messages as `load_model`)."""
-    p = Path(path)
-    if not p.is_dir():
-        raise ModelError(
-            f"checkpoint {str(p)!r} is not a directory; pass a local checkpoint directory or a model"
-        )
-    if not (p / "config.json").is_file():
-        raise ModelError(f"checkpoint {str(p)!r} has no config.json; save it with save_pretrained()")
-    if not any(any(p.glob(g)) for g in WEIGHT_GLOBS):
-        raise ModelError(f"checkpoint {str(p)!r} has no weights (*.safetensors or *.bin)")
-    return p
 
 
 def check_device(device: str | None) -> None:
@@ -222,7 +208,7 @@ def decode_video(
     if n == 0:
         raise VideoError(f"video {str(path)!r} has zero frames; nothing to describe")
     rate = float(vr.get_avg_fps() or 0.0)
-    idx = sample_indices(n, rate, frames, fps)
+    idx = sample_indices(n, rate, frames, fps, source=f"video {str(path)!r}")
     chunks = []
     for start in range(0, len(idx), DECODE_CHUNK):
         part = idx[start : start + DECODE_CHUNK]
