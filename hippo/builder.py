@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 import torch
 
-from hippo.checkpoint import check_checkpoint, check_same_backbone, load_failed
+from hippo.checkpoint import check_backbone_fits, check_checkpoint, check_same_backbone, load_failed
 from hippo.errors import ConfigError, ModelError
 from hippo.interfaces import Adapter, make_config
 from hippo.pipeline import Pipeline
@@ -110,7 +110,11 @@ def load_model(
     p = check_checkpoint(path)
     pm = plugin_manager()  # adapter plugins may register their config classes with AutoConfig
     config = AutoConfig.from_pretrained(p)
-    cls = resolve_adapter(config, pm) if backbone == "auto" else lookup("adapters", backbone, pm)
+    if backbone == "auto":
+        cls = resolve_adapter(config, pm)
+    else:
+        cls = lookup("adapters", backbone, pm)
+        check_backbone_fits(cls, config, str(p), pm)
     try:
         return cls.load(str(p), **kwargs), cls
     except (EOFError, pickle.UnpicklingError) as exc:
@@ -121,6 +125,18 @@ def load_model(
         if not isinstance(exc, (OSError, ValueError, RuntimeError)):
             raise
         raise ModelError(f"could not load checkpoint {str(p)!r} with {cls.__name__}: {exc}") from exc
+
+
+def check_device(device: str | None) -> None:
+    """A device name torch knows, and CUDA only where it is available."""
+    if not device:
+        return
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"device {device!r} is not a device name; use cpu, cuda or cuda:N") from None
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} was asked for but CUDA is not available; use --device cpu")
 
 
 class PipelineBuilder:
@@ -246,10 +262,7 @@ class PipelineBuilder:
             )
         device = self._device
         if device:
-            if device.startswith("cuda") and not torch.cuda.is_available():
-                raise ConfigError(
-                    f"device {device!r} was asked for but CUDA is not available; use --device cpu"
-                )
+            check_device(device)
             model = model.to(device)
         model.eval()
         try:

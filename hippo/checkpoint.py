@@ -80,3 +80,20 @@ def check_same_backbone(target: type, draft: type) -> None:
             f"the draft is a {draft.name} model but the target is a {target.name} model; the draft must "
             f"be a smaller model of the target's family: pass a {target.name} draft"
         )
+
+
+def check_backbone_fits(cls: type, config: object, where: str, pm: object = None) -> None:
+    """An explicit backbone must not contradict the adapter that claims the checkpoint's model_type."""
+    from hippo.errors import PluginError
+    from hippo.registry import resolve_adapter
+
+    try:
+        found = resolve_adapter(config, pm)
+    except PluginError:  # a model type no adapter claims: the explicit backbone is the way to load it
+        return
+    if found.name != cls.name:
+        raise ModelError(
+            f"checkpoint {where!r} is a {found.name} model (model_type "
+            f"{getattr(config, 'model_type', None)!r}), not {cls.name}; drop --backbone / backbone= "
+            f"to detect it, or pass {found.name}"
+        )

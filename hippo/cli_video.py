@@ -126,6 +126,8 @@ def check_video_options(args: argparse.Namespace) -> None:
 
 
 def check_output(path: str | None, flag: str) -> None:
+    if path is not None and Path(path).expanduser().is_dir():
+        raise ConfigError(f"{flag} {path!r} is a directory; pass a file name in it")
     if path is not None and not Path(path).expanduser().resolve().parent.is_dir():
         raise ConfigError(f"{flag} {path!r}: its directory does not exist; create it or choose another path")
 

@@ -25,7 +25,8 @@ from typing import Any
 import attrs
 import torch
 
-from hippo.checkpoint import check_checkpoint  # noqa: F401 - re-exported for the CLI
+from hippo.builder import check_device  # noqa: F401 - re-exported for the CLI
+from hippo.checkpoint import check_backbone_fits, check_checkpoint  # noqa: F401 - re-exported
 from hippo.errors import ConfigError, HippoError, InputError, ModelError, VideoError
 from hippo.sampling import check_vocab
 from hippo.video import VideoClip, sample_indices
@@ -53,12 +54,6 @@ class SampledVideo(VideoClip):
 # ---- checkpoints ----------------------------------------------------------------------------------
 
 
-def check_device(device: str | None) -> None:
-    """CUDA asked for on a machine without it (same message as the builder's)."""
-    if device and device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} was asked for but CUDA is not available; use --device cpu")
-
-
 def load_config(path: str | os.PathLike) -> Any:
     """The checkpoint's transformers config (plugins loaded first, so their config classes are known)."""
     from transformers import AutoConfig
@@ -79,7 +74,11 @@ def detect_backbone(config: Any, backbone: str = "auto") -> type:
     """The adapter class: `backbone` by name, or the one whose hook claims the config ("auto")."""
     from hippo.registry import lookup, resolve_adapter
 
-    return resolve_adapter(config) if backbone in (None, "auto") else lookup("adapters", backbone)
+    if backbone in (None, "auto"):
+        return resolve_adapter(config)
+    cls = lookup("adapters", backbone)
+    check_backbone_fits(cls, config, getattr(config, "_name_or_path", "") or "the checkpoint")
+    return cls
 
 
 def needs_audio(adapter_cls: type, config: Any = None) -> bool:

@@ -321,6 +321,13 @@ BAD = {
         "--temperature must be a finite number > 0, got nan",
     ),
     "seed too large": ({}, ("--seed", str(2**64)), "--seed must be in [0, 2**63)"),
+    "backbone contradicts the checkpoint": (
+        {},
+        ("--backbone", "qwen3_vl"),
+        "is a qwen2_5_vl model (model_type 'qwen2_5_vl'), not qwen3_vl; drop --backbone",
+    ),
+    "unknown device": ({}, ("--device", "foo"), "device 'foo' is not a device name; use cpu, cuda or cuda:N"),
+    "json is a directory": ({}, ("--json", "/tmp"), "--json '/tmp' is a directory; pass a file name in it"),
     "cuda without cuda": pytest.param(
         {}, ("--device", "cuda"), "CUDA is not available; use --device cpu", marks=CUDA
     ),
