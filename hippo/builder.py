@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
+from hippo.checkpoint import check_backbone_fits, check_checkpoint, check_same_backbone, load_failed
 from hippo.errors import ConfigError, ModelError
 from hippo.interfaces import Adapter, make_config
 from hippo.pipeline import Pipeline
@@ -105,22 +107,36 @@ def load_model(
     """Load a checkpoint directory with `from_pretrained`, choosing the adapter by its config."""
     from transformers import AutoConfig
 
-    p = Path(path)
-    if not p.is_dir():
-        raise ModelError(
-            f"checkpoint {str(p)!r} is not a directory; pass a local checkpoint directory or a model"
-        )
-    if not (p / "config.json").is_file():
-        raise ModelError(f"checkpoint {str(p)!r} has no config.json; save it with save_pretrained()")
-    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
-        raise ModelError(f"checkpoint {str(p)!r} has no weights (*.safetensors or *.bin)")
+    p = check_checkpoint(path)
     pm = plugin_manager()  # adapter plugins may register their config classes with AutoConfig
     config = AutoConfig.from_pretrained(p)
-    cls = resolve_adapter(config, pm) if backbone == "auto" else lookup("adapters", backbone, pm)
+    if backbone == "auto":
+        cls = resolve_adapter(config, pm)
+    else:
+        cls = lookup("adapters", backbone, pm)
+        check_backbone_fits(cls, config, str(p), pm)
     try:
         return cls.load(str(p), **kwargs), cls
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (EOFError, pickle.UnpicklingError) as exc:
+        raise load_failed(p, exc) from exc
+    except Exception as exc:
+        if type(exc).__name__ == "SafetensorError":  # safetensors' own type, not an OSError
+            raise load_failed(p, exc) from exc
+        if not isinstance(exc, (OSError, ValueError, RuntimeError)):
+            raise
         raise ModelError(f"could not load checkpoint {str(p)!r} with {cls.__name__}: {exc}") from exc
+
+
+def check_device(device: str | None) -> None:
+    """A device name torch knows, and CUDA only where it is available."""
+    if not device:
+        return
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"device {device!r} is not a device name; use cpu, cuda or cuda:N") from None
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} was asked for but CUDA is not available; use --device cpu")
 
 
 class PipelineBuilder:
@@ -246,10 +262,7 @@ class PipelineBuilder:
             )
         device = self._device
         if device:
-            if device.startswith("cuda") and not torch.cuda.is_available():
-                raise ConfigError(
-                    f"device {device!r} was asked for but CUDA is not available; use --device cpu"
-                )
+            check_device(device)
             model = model.to(device)
         model.eval()
         try:
@@ -273,6 +286,7 @@ class PipelineBuilder:
                 )
             same = self._models["draft"] is self._models["target"] and not self._adapter_options["draft"]
             draft = target if same else self._adapter("draft")
+            check_same_backbone(type(target), type(draft))
             check_vocab(target.vocab_size(), draft.vocab_size())
         selector, scorer = self._parts["selector"], self._parts["scorer"]
         if selector.needs_scores and scorer is None:

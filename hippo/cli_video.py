@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import attrs
 import torch
 
 from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
+from hippo.checkpoint import check_same_backbone
 from hippo.errors import ConfigError, HippoError
 from hippo.inputs import (
     build_video_inputs,
@@ -103,27 +105,29 @@ def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 f"{flag} only applies when sampling; add --do-sample (greedy decoding ignores it)"
             )
         gen[key] = value
-    if gen.get("temperature") is not None and gen["temperature"] <= 0:
-        raise ConfigError(f"--temperature must be > 0, got {gen['temperature']}")
+    if gen.get("temperature") is not None and not 0 < gen["temperature"] < math.inf:
+        raise ConfigError(f"--temperature must be a finite number > 0, got {gen['temperature']}")
     if gen.get("top_p") is not None and not 0 < gen["top_p"] <= 1:
         raise ConfigError(f"--top-p must be in (0, 1], got {gen['top_p']}")
     if gen.get("top_k") is not None and gen["top_k"] < 1:
         raise ConfigError(f"--top-k must be >= 1, got {gen['top_k']}")
-    if args.seed is not None and args.seed < 0:
-        raise ConfigError(f"--seed must be >= 0, got {args.seed}")
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        raise ConfigError(f"--seed must be in [0, 2**63), got {args.seed}")
     return gen
 
 
 def check_video_options(args: argparse.Namespace) -> None:
     if args.frames is not None and args.frames < 1:
         raise ConfigError(f"--frames must be >= 1, got {args.frames}")
-    if args.fps is not None and args.fps <= 0:
-        raise ConfigError(f"--fps must be > 0, got {args.fps}")
+    if args.fps is not None and not 0 < args.fps < math.inf:
+        raise ConfigError(f"--fps must be a finite number > 0, got {args.fps}")
     if args.max_pixels is not None and args.max_pixels < 1:
         raise ConfigError(f"--max-pixels must be >= 1, got {args.max_pixels}")
 
 
 def check_output(path: str | None, flag: str) -> None:
+    if path is not None and Path(path).expanduser().is_dir():
+        raise ConfigError(f"{flag} {path!r} is a directory; pass a file name in it")
     if path is not None and not Path(path).expanduser().resolve().parent.is_dir():
         raise ConfigError(f"{flag} {path!r}: its directory does not exist; create it or choose another path")
 
@@ -246,7 +250,7 @@ def prepare(args: argparse.Namespace, cfg: PipelineConfig, needs_draft: bool) ->
     tokenizer = load_tokenizer(target)
     if draft is not None:
         q_config = load_config(draft)
-        detect_backbone(q_config, cfg.backbone)
+        check_same_backbone(backbone, detect_backbone(q_config, cfg.backbone))
         check_vocab_sizes(p_config, q_config)
         if draft != target and has_tokenizer(draft):
             check_tokenizers(tokenizer, load_tokenizer(draft), str(target), str(draft))

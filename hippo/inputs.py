@@ -25,6 +25,8 @@ from typing import Any
 import attrs
 import torch
 
+from hippo.builder import check_device  # noqa: F401 - re-exported for the CLI
+from hippo.checkpoint import check_backbone_fits, check_checkpoint  # noqa: F401 - re-exported
 from hippo.errors import ConfigError, HippoError, InputError, ModelError, VideoError
 from hippo.sampling import check_vocab
 from hippo.video import VideoClip, sample_indices
@@ -32,7 +34,6 @@ from hippo.video import VideoClip, sample_indices
 #: progress(stage, event): event is "start", "end", or "update" (with done/total for video decode).
 Progress = Callable[..., None]
 
-WEIGHT_GLOBS = ("*.safetensors", "*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PROCESSOR_FILES = ("video_preprocessor_config.json", "preprocessor_config.json")
 DECODE_CHUNK = 16  # frames decoded per decord call (one progress step)
@@ -51,26 +52,6 @@ class SampledVideo(VideoClip):
 
 
 # ---- checkpoints ----------------------------------------------------------------------------------
-
-
-def check_checkpoint(path: str | os.PathLike) -> Path:
-    """A local checkpoint directory with a config.json and weights (same messages as `load_model`)."""
-    p = Path(path)
-    if not p.is_dir():
-        raise ModelError(
-            f"checkpoint {str(p)!r} is not a directory; pass a local checkpoint directory or a model"
-        )
-    if not (p / "config.json").is_file():
-        raise ModelError(f"checkpoint {str(p)!r} has no config.json; save it with save_pretrained()")
-    if not any(any(p.glob(g)) for g in WEIGHT_GLOBS):
-        raise ModelError(f"checkpoint {str(p)!r} has no weights (*.safetensors or *.bin)")
-    return p
-
-
-def check_device(device: str | None) -> None:
-    """CUDA asked for on a machine without it (same message as the builder's)."""
-    if device and device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} was asked for but CUDA is not available; use --device cpu")
 
 
 def load_config(path: str | os.PathLike) -> Any:
@@ -93,7 +74,11 @@ def detect_backbone(config: Any, backbone: str = "auto") -> type:
     """The adapter class: `backbone` by name, or the one whose hook claims the config ("auto")."""
     from hippo.registry import lookup, resolve_adapter
 
-    return resolve_adapter(config) if backbone in (None, "auto") else lookup("adapters", backbone)
+    if backbone in (None, "auto"):
+        return resolve_adapter(config)
+    cls = lookup("adapters", backbone)
+    check_backbone_fits(cls, config, getattr(config, "_name_or_path", "") or "the checkpoint")
+    return cls
 
 
 def needs_audio(adapter_cls: type, config: Any = None) -> bool:
@@ -222,7 +207,7 @@ def decode_video(
     if n == 0:
         raise VideoError(f"video {str(path)!r} has zero frames; nothing to describe")
     rate = float(vr.get_avg_fps() or 0.0)
-    idx = sample_indices(n, rate, frames, fps)
+    idx = sample_indices(n, rate, frames, fps, source=f"video {str(path)!r}")
     chunks = []
     for start in range(0, len(idx), DECODE_CHUNK):
         part = idx[start : start + DECODE_CHUNK]

@@ -9,7 +9,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from hippo.errors import ConfigError, VideoError
+from hippo.errors import ConfigError, InputError, VideoError
 
 
 @attrs.frozen
@@ -38,15 +38,27 @@ def _open(path: str | os.PathLike):
 
 
 def sample_indices(
-    n_frames: int, fps: float, frames: int | None = None, sample_fps: float | None = None
+    n_frames: int,
+    fps: float,
+    frames: int | None = None,
+    sample_fps: float | None = None,
+    source: str = "the video",
 ) -> list[int]:
-    """Frame numbers to decode: `frames` evenly spaced, or one every 1/`sample_fps` seconds (default 2 fps)."""
+    """Frame numbers to decode: `frames` evenly spaced, or one every 1/`sample_fps` seconds (default 2 fps).
+
+    Asking for more frames than the file has is an error; the default rate takes at most all of them.
+    """
     if frames is not None and sample_fps is not None:
         raise ConfigError("choose frames by count or by fps, not both")
     if frames is not None and frames < 1:
         raise ConfigError(f"frames must be >= 1, got {frames}")
-    if sample_fps is not None and sample_fps <= 0:
-        raise ConfigError(f"fps must be > 0, got {sample_fps}")
+    if sample_fps is not None and not 0 < sample_fps < math.inf:
+        raise ConfigError(f"fps must be a finite number > 0, got {sample_fps}")
+    if frames is not None and frames > n_frames:
+        raise InputError(
+            f"{frames} frames were asked for but {source} has only {n_frames}; pass --frames / frames= "
+            f"of at most {n_frames}"
+        )
     if frames is None:
         duration = n_frames / fps if fps > 0 else n_frames
         frames = max(1, math.floor(duration * (sample_fps or 2.0)))
@@ -61,7 +73,7 @@ def read_video(path: str | os.PathLike, *, frames: int | None = None, fps: float
     if n == 0:
         raise VideoError(f"video {str(path)!r} has zero frames; nothing to describe")
     rate = float(vr.get_avg_fps() or 0.0)
-    idx = sample_indices(n, rate, frames, fps)
+    idx = sample_indices(n, rate, frames, fps, source=f"video {str(path)!r}")
     try:
         batch = torch.from_numpy(vr.get_batch(idx).asnumpy())
     except Exception as exc:

@@ -66,6 +66,13 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     paths["target_short_context"] = root / "target_ctx"
     Qwen(cfg).save_pretrained(paths["target_short_context"])
     tiny_tokenizer().save_pretrained(paths["target_short_context"])
+    for name, cut in (("truncated_weights", "half"), ("corrupt_weights", "garbage")):
+        paths[name] = root / name
+        shutil.copytree(paths["target"], paths[name])
+        w = paths[name] / "model.safetensors"
+        data = w.read_bytes()
+        w.write_bytes(data[: len(data) // 2] if cut == "half" else b"\x00garbage" * 200)
+    paths["draft_other_family"] = save_checkpoint(root / "draft_q3", "qwen3_vl", "draft", seed=1)
     try:  # an audio-visual backbone, when its adapter ships a tiny model
         paths["av_target"] = save_checkpoint(root / "av_target", "video_salmonn2_plus")
         paths["av_draft"] = save_checkpoint(root / "av_draft", "video_salmonn2_plus", "draft", seed=1)
@@ -286,6 +293,41 @@ BAD = {
     ),
     "bad top-p": ({}, ("--do-sample", "--top-p", "1.5"), "--top-p must be in (0, 1]"),
     "json directory missing": ({}, ("--json", "/nonexistent-dir/x.json"), "its directory does not exist"),
+    "truncated weights": (
+        dict(target="{truncated_weights}"),
+        (),
+        "model.safetensors' is truncated or corrupt: its header declares",
+    ),
+    "corrupt weights": (
+        dict(draft="{corrupt_weights}"),
+        (),
+        "is truncated or corrupt (no valid header); re-download the checkpoint or restore model.safetensors",
+    ),
+    "draft of another family": (
+        dict(draft="{draft_other_family}"),
+        (),
+        "the draft is a qwen3_vl model but the target is a qwen2_5_vl model",
+    ),
+    "frames beyond the video": (
+        dict(frames="40"),
+        (),
+        "40 frames were asked for but video '{video}' has only 16; pass --frames / frames= of at most 16",
+    ),
+    "fps not a number": (dict(frames=None), ("--fps", "nan"), "--fps must be a finite number > 0, got nan"),
+    "fps infinite": (dict(frames=None), ("--fps", "inf"), "--fps must be a finite number > 0, got inf"),
+    "temperature not a number": (
+        {},
+        ("--do-sample", "--temperature", "nan"),
+        "--temperature must be a finite number > 0, got nan",
+    ),
+    "seed too large": ({}, ("--seed", str(2**64)), "--seed must be in [0, 2**63)"),
+    "backbone contradicts the checkpoint": (
+        {},
+        ("--backbone", "qwen3_vl"),
+        "is a qwen2_5_vl model (model_type 'qwen2_5_vl'), not qwen3_vl; drop --backbone",
+    ),
+    "unknown device": ({}, ("--device", "foo"), "device 'foo' is not a device name; use cpu, cuda or cuda:N"),
+    "json is a directory": ({}, ("--json", "/tmp"), "--json '/tmp' is a directory; pass a file name in it"),
     "cuda without cuda": pytest.param(
         {}, ("--device", "cuda"), "CUDA is not available; use --device cpu", marks=CUDA
     ),
@@ -301,7 +343,7 @@ def _fill(env: dict[str, str], replace: dict, extra: tuple) -> list[str]:
 def test_bad_input_is_one_line_and_exit_2(env, capsys, replace, extra, message) -> None:
     assert main(_fill(env, replace, extra)) == 2
     out, err = capsys.readouterr()
-    assert message in one_line_error(err)
+    assert message.format(**env) in one_line_error(err)
     assert out == ""
 
 
@@ -372,6 +414,17 @@ def _api_errors(env: dict[str, str]):
             ModelError,
         ),
         (argv(env, target=env["no_weights"]), lambda: B().target(env["no_weights"]).build(), ModelError),
+        (
+            argv(env, target=env["truncated_weights"]),
+            lambda: B().target(env["truncated_weights"]).build(),
+            ModelError,
+        ),
+        (argv(env, frames="40"), lambda: decode_video(env["video"], frames=40), InputError),
+        (
+            argv(env, draft=env["draft_other_family"]),
+            lambda: B().target(env["target"]).draft(env["draft_other_family"]).build(),
+            ModelError,
+        ),
         (
             argv(env, draft=env["draft_big_vocab"]),
             lambda: B().target(env["target"]).draft(env["draft_big_vocab"]).build(),

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_checkpoint import write_video
 
-from hippo.errors import ConfigError, VideoError
+from hippo.errors import ConfigError, InputError, VideoError
 from hippo.video import read_audio, read_video, sample_indices
 
 pytest.importorskip("av")
@@ -51,7 +51,10 @@ def test_audio_absent(tmp_path):
 
 
 def test_sampling_options():
-    assert sample_indices(10, 5.0, frames=20) == list(range(10))
+    assert sample_indices(10, 5.0, frames=10) == list(range(10))
+    assert sample_indices(10, 5.0, sample_fps=100.0) == list(range(10))  # a rate takes at most all frames
+    with pytest.raises(InputError, match="20 frames were asked for but the video has only 10"):
+        sample_indices(10, 5.0, frames=20)
     with pytest.raises(ConfigError):
         sample_indices(10, 5.0, frames=2, sample_fps=1.0)
     with pytest.raises(ConfigError):
