@@ -3,8 +3,10 @@
     from benchmarks import load_pair
     target, draft, tokenizer = load_pair()   # verified against benchmarks/pair/checksums.json
 
-Modules: task (videos, captions, metrics), tokenizer (word-level tokenizer, chat template,
-processor inputs), models (configs), batching, train, evaluate, widen, pair (loading), measure.
+Modules: task (videos, captions, metrics), narration (the long-answer task), tokenizer (word-level
+tokenizer, chat template, processor inputs), models (configs), batching, train, narrate_train,
+evaluate, narrate_eval, widen, pair (loading), measure, bench (`hippo bench`), regime and projection
+(the bench's calibration and paper-hardware projection).
 Nothing heavy is imported here, so `python -m benchmarks.train` can set OpenMP's wait policy first.
 """
 

@@ -185,7 +185,7 @@ def _bench_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     b = sub.add_parser(
         "bench",
         parents=[debug],
-        help="the paper's Table 1 in miniature: every method side by side on the trained tiny pair",
+        help="the paper's Tables 1 and 2 in miniature: every method side by side on a trained pair",
         description=(
             "Run HF generate, HF assisted generation, HF prompt lookup and hippo's schedulers and selectors on "
             "the same pair, videos and prompts; report medians over repeats of MAT, speedup over HF generate, "
