@@ -286,7 +286,8 @@ class PipelineBuilder:
                 )
             same = self._models["draft"] is self._models["target"] and not self._adapter_options["draft"]
             draft = target if same else self._adapter("draft")
-            check_same_backbone(type(target), type(draft))
+            if type(draft.model) is not type(target.model):  # a draft's adapter may specialise the target's
+                check_same_backbone(type(target), type(draft))
             check_vocab(target.vocab_size(), draft.vocab_size())
         selector, scorer = self._parts["selector"], self._parts["scorer"]
         if selector.needs_scores and scorer is None:
