@@ -136,20 +136,10 @@ class Pipeline:
     ) -> GenerateOutput:
         """Decode an answer to `prompt` about the video file at `path`.
 
-        Samples `frames` evenly spaced frames or `fps` per second (default 2 fps), builds the target's
-        inputs with `tokenizer` (default: the one saved with the target checkpoint) and its chat
-        template, with at most `max_pixels` per frame, then calls `generate(inputs, **generation_kwargs)`.
-        Decode the answer with `tokenizer.decode(out.sequences[0, prompt_length:])`.
+        `video_inputs(path, prompt, ...)` then `generate(inputs, **generation_kwargs)`. Decode the
+        answer with `tokenizer.decode(out.sequences[0, prompt_length:])`.
         """
-        from hippo.inputs import check_tokenizers, has_tokenizer, load_tokenizer, load_video_inputs, model_dir
-
-        if tokenizer is None and self.draft_adapter is not None:
-            p_dir, q_dir = model_dir(self.target), model_dir(self.draft)
-            if p_dir and q_dir and p_dir != q_dir and has_tokenizer(p_dir) and has_tokenizer(q_dir):
-                tokenizer = load_tokenizer(p_dir)
-                check_tokenizers(tokenizer, load_tokenizer(q_dir), p_dir, q_dir)
-        inputs = load_video_inputs(
-            self.target_adapter,
+        inputs = self.video_inputs(
             path,
             prompt,
             tokenizer=tokenizer,
@@ -159,6 +149,41 @@ class Pipeline:
             progress=progress,
         )
         return self.generate(inputs, progress=progress, **generation_kwargs)
+
+    def video_inputs(
+        self,
+        path: str | PathLike,
+        prompt: str,
+        *,
+        tokenizer: Any = None,
+        frames: int | None = None,
+        fps: float | None = None,
+        max_pixels: int | None = None,
+        progress: Callable[..., None] | None = None,
+    ) -> dict[str, Any]:
+        """The target's inputs for `prompt` about the video file at `path`.
+
+        Samples `frames` evenly spaced frames or `fps` per second (default 2 fps), and builds the
+        inputs with `tokenizer` (default: the one saved with the target checkpoint) and its chat
+        template, with at most `max_pixels` per frame.
+        """
+        from hippo.inputs import check_tokenizers, has_tokenizer, load_tokenizer, load_video_inputs, model_dir
+
+        if tokenizer is None and self.draft_adapter is not None:
+            p_dir, q_dir = model_dir(self.target), model_dir(self.draft)
+            if p_dir and q_dir and p_dir != q_dir and has_tokenizer(p_dir) and has_tokenizer(q_dir):
+                tokenizer = load_tokenizer(p_dir)
+                check_tokenizers(tokenizer, load_tokenizer(q_dir), p_dir, q_dir)
+        return load_video_inputs(
+            self.target_adapter,
+            path,
+            prompt,
+            tokenizer=tokenizer,
+            frames=frames,
+            fps=fps,
+            max_pixels=max_pixels,
+            progress=progress,
+        )
 
     def close(self) -> None:
         """Release the models and any workers; the pipeline cannot generate afterwards."""
