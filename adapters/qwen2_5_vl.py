@@ -37,6 +37,31 @@ from hippo_adapters.attention_readout import AttentionReadout
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
 
+def frames_to_pixel_values(
+    video: torch.Tensor,  # [T, H, W, 3] in [0, 1]; H, W multiples of 28
+    patch: int = 14,
+    temporal: int = 2,
+    merge: int = 2,
+    mean: tuple[float, float, float] = CLIP_MEAN,
+    std: tuple[float, float, float] = CLIP_STD,
+) -> tuple[torch.Tensor, torch.Tensor]:  # -> pixel_values_videos [t*h*w, 3*temporal*patch*patch], grid [1, 3]
+    """Frames laid out exactly as transformers' Qwen2-VL video processor lays them out.
+
+    Temporal patch 2, patch 14, 2x2 merge windows kept contiguous, normalised with `mean`/`std`.
+    Used when no video processor is saved with the checkpoint: that processor needs torchvision,
+    which has no CPU wheel matching this project's torch.
+    """
+    T, H, W, _ = video.shape
+    if T % temporal:  # the processor repeats the last frame to fill the temporal patch
+        video = torch.cat([video, video[-1:].expand(temporal - T % temporal, -1, -1, -1)])
+        T = video.shape[0]
+    x = ((video.float() - torch.tensor(mean)) / torch.tensor(std)).permute(0, 3, 1, 2)  # [T, 3, H, W]
+    gt, gh, gw = T // temporal, H // patch, W // patch
+    x = x.reshape(gt, temporal, 3, gh // merge, merge, patch, gw // merge, merge, patch)
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # t, h/m, w/m, m, m, C, temporal, p, p
+    return x.reshape(gt * gh * gw, 3 * temporal * patch * patch), torch.tensor([[gt, gh, gw]])
+
+
 def _batch1(inputs: dict[str, Any], key: str) -> torch.Tensor:
     x = inputs[key]
     if x.dim() != 2 or x.shape[0] != 1:
@@ -132,8 +157,6 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
                 kwargs["size"] = {"shortest_edge": min(shortest, budget), "longest_edge": budget}
             out = video_processor(videos=[frames.permute(0, 3, 1, 2)], **kwargs)
             return out["pixel_values_videos"], out["video_grid_thw"].long()
-        from hippo_adapters.qwen2_5_vl_tiny import MEAN, STD, frames_to_pixel_values
-
         s = {**self.video_defaults, **processor_settings(model_dir(self.model))}
         lo, hi = int(s["min_pixels"]), int(s["max_pixels"])
         if max_pixels is not None:
@@ -143,10 +166,9 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
         else:
             h, w = smart_resize(H, W, patch * merge, lo, hi)
         x = resize_frames(frames, h, w)  # [T, h, w, 3] in [0, 1]
-        mean, std = torch.tensor(s["image_mean"]), torch.tensor(s["image_std"])
-        if not (torch.allclose(mean, MEAN) and torch.allclose(std, STD)):
-            x = (x - mean) / std * STD + MEAN  # frames_to_pixel_values normalises with CLIP's constants
-        return frames_to_pixel_values(x, patch, temporal, merge)
+        return frames_to_pixel_values(
+            x, patch, temporal, merge, tuple(s["image_mean"]), tuple(s["image_std"])
+        )
 
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])

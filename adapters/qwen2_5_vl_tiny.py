@@ -1,9 +1,6 @@
 """Tiny random Qwen2.5-VL models and processor-shaped inputs built from raw frames.
 
-`frames_to_pixel_values` lays frames out exactly as transformers' Qwen2-VL video processor does
-(temporal patch 2, patch 14, 2x2 merge windows kept contiguous). It exists because that processor
-needs torchvision, which has no CPU wheel matching this project's torch; with torchvision installed,
-use `Qwen2VLVideoProcessor` instead.
+The pixel layout is the adapter's (`hippo_adapters.qwen2_5_vl.frames_to_pixel_values`).
 """
 
 from __future__ import annotations
@@ -11,11 +8,11 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
+
 VOCAB = 160
 BOS, EOS = 1, 2
 VISION_START, VISION_END, IMAGE, VIDEO = 150, 151, 152, 153
-MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073])
-STD = torch.tensor([0.26862954, 0.26130258, 0.27577711])
 
 SIZES = {
     "target": dict(hidden=64, layers=3, heads=4, kv_heads=2, ffn=128, vit_hidden=32, vit_depth=2),
@@ -74,23 +71,6 @@ def tiny_model(role: str = "target", *, seed: int = 0, dtype: torch.dtype = torc
     model.generation_config.eos_token_id = EOS
     model.generation_config.pad_token_id = 0
     return model
-
-
-def frames_to_pixel_values(
-    video: torch.Tensor,  # [T, H, W, 3] in [0, 1]; H, W multiples of 28
-    patch: int = 14,
-    temporal: int = 2,
-    merge: int = 2,
-) -> tuple[torch.Tensor, torch.Tensor]:  # -> pixel_values_videos [t*h*w, 3*temporal*patch*patch], grid [1, 3]
-    T, H, W, _ = video.shape
-    if T % temporal:  # the processor repeats the last frame to fill the temporal patch
-        video = torch.cat([video, video[-1:].expand(temporal - T % temporal, -1, -1, -1)])
-        T = video.shape[0]
-    x = ((video.float() - MEAN) / STD).permute(0, 3, 1, 2)  # [T, 3, H, W]
-    gt, gh, gw = T // temporal, H // patch, W // patch
-    x = x.reshape(gt, temporal, 3, gh // merge, merge, patch, gw // merge, merge, patch)
-    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # t, h/m, w/m, m, m, C, temporal, p, p
-    return x.reshape(gt * gh * gw, 3 * temporal * patch * patch), torch.tensor([[gt, gh, gw]])
 
 
 def synthetic_inputs(model, video: torch.Tensor, text_before: list[int], text_after: list[int]) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
+from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
 from hippo_adapters.qwen2_5_vl_tiny import (
     BOS,
     EOS,
@@ -13,7 +14,6 @@ from hippo_adapters.qwen2_5_vl_tiny import (
     VISION_END,
     VISION_START,
     VOCAB,
-    frames_to_pixel_values,
 )
 
 #: Two text tokens stand for each frame's "<t seconds>" timestamp in synthetic prompts.

@@ -15,7 +15,7 @@ import torch
 
 from benchmarks.task import CLIP_SECONDS, Sample
 from benchmarks.tokenizer import caption_ids, prompt_ids, seconds_per_grid
-from hippo_adapters.qwen2_5_vl_tiny import frames_to_pixel_values
+from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
 
 IGNORE = -100
 
