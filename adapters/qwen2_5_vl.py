@@ -17,7 +17,7 @@ from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
 
 from hippo import hookimpl
 from hippo.errors import InputError, UnsupportedError
-from hippo.inputs import (
+from hippo_media.inputs import (
     chat_text,
     expand_placeholder,
     model_dir,
@@ -31,7 +31,7 @@ from hippo.inputs import (
 from hippo.interfaces import Adapter, Encoded
 from hippo.session import KVSession
 from hippo.types import VisualTokens
-from hippo.video import VideoClip
+from hippo.types import VideoClip
 from hippo_adapters.attention_readout import AttentionReadout
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)

@@ -20,7 +20,7 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDe
 
 from hippo import hookimpl
 from hippo.interfaces import Encoded
-from hippo.video import VideoClip
+from hippo.types import VideoClip
 from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter
 
 

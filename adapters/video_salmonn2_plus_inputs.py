@@ -35,7 +35,7 @@ def fit_audio(waveform: torch.Tensor, seconds: float) -> torch.Tensor:  # -> [ro
     if wav.dim() != 1:
         raise InputError(
             f"the audio must be a mono waveform [samples] at {SAMPLE_RATE} Hz, got shape {tuple(wav.shape)}; "
-            "read it with hippo.inputs.read_audio_track(path)"
+            "read it with hippo_media.inputs.read_audio_track(path)"
         )
     if wav.numel() == 0:
         raise InputError("the audio waveform is empty; this backbone needs the video's audio track")

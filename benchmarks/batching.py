@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.task import CLIP_SECONDS, Sample
-from benchmarks.tokenizer import caption_ids, prompt_ids, seconds_per_grid
+from hippo_benchmarks.task import CLIP_SECONDS, Sample
+from hippo_benchmarks.tokenizer import caption_ids, prompt_ids, seconds_per_grid
 from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
 
 IGNORE = -100

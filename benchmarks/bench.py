@@ -180,7 +180,7 @@ def narrate_workload(n: int, seed: int, frames: int, size: int) -> Workload:
 
     if not (NARRATE_DIR / CHECKSUMS).is_file():
         raise hippo.errors.ModelError(
-            f"the narration pair is not in {NARRATE_DIR} yet; train it with `python -m benchmarks.narrate_train` "
+            f"the narration pair is not in {NARRATE_DIR} yet; train it with `python -m hippo_benchmarks.narrate_train` "
             "or run `hippo bench --pair tiny` for a smoke test"
         )
     target, draft, tok = load_pair(directory=NARRATE_DIR)
@@ -207,7 +207,7 @@ def trained_workload(n: int, seed: int, frames: int, size: int) -> Workload:
 
     if not (PAIR_DIR / CHECKSUMS).is_file():
         raise hippo.errors.ModelError(
-            f"the trained pair is not in {PAIR_DIR} yet; train it with `python -m benchmarks.train` "
+            f"the trained pair is not in {PAIR_DIR} yet; train it with `python -m hippo_benchmarks.train` "
             "or run `hippo bench --pair tiny` for a smoke test"
         )
     target, draft, tok = load_pair()

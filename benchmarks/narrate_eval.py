@@ -1,7 +1,7 @@
 """Held-out accuracy of the narration pair, and how often the draft agrees with the target.
 
-    python -m benchmarks.narrate_eval                       # the committed narration pair
-    python -m benchmarks.narrate_eval --pair /tmp/narr/pair --n 32
+    python -m hippo_benchmarks.narrate_eval                       # the committed narration pair
+    python -m hippo_benchmarks.narrate_eval --pair /tmp/narr/pair --n 32
 
 For each question kind (`narration.KINDS`) it reports, on held-out clips at the benchmark setting:
 - the target's and the draft's step-aligned token accuracy against the reference narration
@@ -24,10 +24,10 @@ import json  # noqa: E402
 
 import torch  # noqa: E402
 
-from benchmarks.batching import lm_inputs, make_batch, select_kept  # noqa: E402
-from benchmarks.evaluate import HELD_OUT, greedy_ids  # noqa: E402
-from benchmarks.narration import KINDS, NARRATE_BENCH, narration_sample, step_token_score  # noqa: E402
-from benchmarks.task import COLOURS, SHAPES, TaskConfig  # noqa: E402
+from hippo_benchmarks.batching import lm_inputs, make_batch, select_kept  # noqa: E402
+from hippo_benchmarks.evaluate import HELD_OUT, greedy_ids  # noqa: E402
+from hippo_benchmarks.narration import KINDS, NARRATE_BENCH, narration_sample, step_token_score  # noqa: E402
+from hippo_benchmarks.task import COLOURS, SHAPES, TaskConfig  # noqa: E402
 
 MAX_ANSWER = 400  # tokens: longer than any reference answer (16 steps x 3 objects x 7 + 48)
 
@@ -113,7 +113,7 @@ def evaluate(
 
 
 def main(argv=None) -> None:
-    from benchmarks.pair import NARRATE_DIR, load_pair
+    from hippo_benchmarks.pair import NARRATE_DIR, load_pair
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(

@@ -1,7 +1,7 @@
 """Train the narration pair: the captioning pair (`benchmarks/pair/`) fine-tuned on dense narration.
 
-    python -m benchmarks.narrate_train                  # both models, writes benchmarks/pair_narrate/
-    python -m benchmarks.narrate_train --role draft --scale 0.1 --out /tmp/try   # a quick try
+    python -m hippo_benchmarks.narrate_train                  # both models, writes benchmarks/pair_narrate/
+    python -m hippo_benchmarks.narrate_train --role draft --scale 0.1 --out /tmp/try   # a quick try
 
 Both models start from the committed captioning checkpoints, whose vision encoders already see
 colour, shape and motion, and learn to narrate (`narration.py`: every step of a 16-step clip, three
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks import train
-from benchmarks.train import Phase, TrainConfig
+from hippo_benchmarks import train
+from hippo_benchmarks.train import Phase, TrainConfig
 
 PAIR = Path(__file__).parent / "pair"
 OUT = Path(__file__).parent / "pair_narrate"

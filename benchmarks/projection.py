@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.regime import PAPER
+from hippo_benchmarks.regime import PAPER
 
 T_FORWARD = PAPER["target_decode_ar"] / PAPER["new_tokens"]
 COSTS = {

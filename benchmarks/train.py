@@ -1,7 +1,7 @@
 """Train the benchmark pair on this CPU, deterministically from a seed.
 
-    python -m benchmarks.train                      # both models, writes benchmarks/pair/
-    python -m benchmarks.train --role draft --steps 200 --out /tmp/pair   # one model, a quick try
+    python -m hippo_benchmarks.train                      # both models, writes benchmarks/pair/
+    python -m hippo_benchmarks.train --role draft --steps 200 --out /tmp/pair   # one model, a quick try
 
 Loss: cross-entropy on the caption (teacher forcing) plus an auxiliary per-visual-token loss: small
 training-only linear heads read the colour, shape and motion of the object each visual token sees
@@ -43,11 +43,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: E402
 
-from benchmarks.batching import IGNORE, lm_inputs, make_batch, select_kept
-from benchmarks.models import n_params, new_model, set_generation_defaults
-from benchmarks.narration import draw_batch_question, narration_config, narration_sample
-from benchmarks.task import CLOCK_STEPS, COLOURS, MOTIONS, SHAPES, TaskConfig, sample
-from benchmarks.tokenizer import build_tokenizer
+from hippo_benchmarks.batching import IGNORE, lm_inputs, make_batch, select_kept
+from hippo_benchmarks.models import n_params, new_model, set_generation_defaults
+from hippo_benchmarks.narration import draw_batch_question, narration_config, narration_sample
+from hippo_benchmarks.task import CLOCK_STEPS, COLOURS, MOTIONS, SHAPES, TaskConfig, sample
+from hippo_benchmarks.tokenizer import build_tokenizer
 
 AUX_CLASSES = {"colour": len(COLOURS) + 1, "shape": len(SHAPES) + 1, "motion": len(MOTIONS) + 1}
 #: the narration clips' visible cues (task.py `cues`): every token's time step and 3 x 3 cell, 1-based
@@ -183,7 +183,7 @@ def _samples(cfg: TrainConfig, index: int, phase: Phase, step: int) -> list:
 
 def distilled(teacher, tokenizer, samples: list) -> list:
     """The samples with the teacher's greedy answers in place of the references (for agreement)."""
-    from benchmarks.evaluate import greedy_ids
+    from hippo_benchmarks.evaluate import greedy_ids
 
     eos = tokenizer.eos_token_id
     with torch.inference_mode():

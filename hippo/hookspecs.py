@@ -53,3 +53,15 @@ def hippo_register_adapters() -> dict[str, type]:
 @hookspec(firstresult=True)
 def hippo_resolve_adapter(config: Any) -> type | None:
     """Return the Adapter class for a model config (its `model_type` / `architectures`), or None."""
+
+
+@hookspec(firstresult=True)
+def hippo_video_inputs(
+    pipeline: Any, path: Any, prompt: str, options: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Return the target's inputs for `prompt` about the video file at `path`, or None.
+
+    `options` holds `tokenizer`, `frames`, `fps`, `max_pixels` and `progress` (see
+    `Pipeline.video_inputs`). hippo's own implementation (`hippo_media`) reads the file with decord
+    and builds the inputs with the checkpoint's tokenizer and the adapter's `build_inputs`.
+    """

@@ -21,8 +21,7 @@ from hippo.errors import ConfigError, UnsupportedError
 if TYPE_CHECKING:
     from hippo.job import DecodeJob
     from hippo.sampling import TokenPolicy
-    from hippo.types import DraftProposal, Verdict, VisualTokens
-    from hippo.video import VideoClip
+    from hippo.types import DraftProposal, Verdict, VideoClip, VisualTokens
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ from transformers import GenerationConfig
 from hippo.errors import ConfigError, InputError
 from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, Verifier
 from hippo.job import DecodeJob
-from hippo.registry import lookup
+from hippo.registry import lookup, plugin_manager
 from hippo.sampling import TokenPolicy, make_generator, resolve_generation_config
 from hippo.types import GenerateOutput
 
@@ -167,23 +167,16 @@ class Pipeline:
         inputs with `tokenizer` (default: the one saved with the target checkpoint) and its chat
         template, with at most `max_pixels` per frame.
         """
-        from hippo.inputs import check_tokenizers, has_tokenizer, load_tokenizer, load_video_inputs, model_dir
-
-        if tokenizer is None and self.draft_adapter is not None:
-            p_dir, q_dir = model_dir(self.target), model_dir(self.draft)
-            if p_dir and q_dir and p_dir != q_dir and has_tokenizer(p_dir) and has_tokenizer(q_dir):
-                tokenizer = load_tokenizer(p_dir)
-                check_tokenizers(tokenizer, load_tokenizer(q_dir), p_dir, q_dir)
-        return load_video_inputs(
-            self.target_adapter,
-            path,
-            prompt,
-            tokenizer=tokenizer,
-            frames=frames,
-            fps=fps,
-            max_pixels=max_pixels,
-            progress=progress,
+        options = dict(tokenizer=tokenizer, frames=frames, fps=fps, max_pixels=max_pixels, progress=progress)
+        inputs = plugin_manager().hook.hippo_video_inputs(
+            pipeline=self, path=path, prompt=prompt, options=options
         )
+        if inputs is None:
+            raise ConfigError(
+                "no installed plugin reads video files (hippo_video_inputs); install hippo with its "
+                "hippo_media package, or build the inputs with your model's processor and call generate"
+            )
+        return inputs
 
     def close(self) -> None:
         """Release the models and any workers; the pipeline cannot generate afterwards."""

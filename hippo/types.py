@@ -18,6 +18,16 @@ if TYPE_CHECKING:
 
 
 @attrs.frozen
+class VideoClip:
+    """Frames sampled from a video file (what an adapter's `build_inputs` reads)."""
+
+    frames: torch.Tensor  # [T, H, W, 3] uint8
+    timestamps: torch.Tensor  # [T] seconds
+    fps: float  # the file's average frame rate
+    indices: tuple[int, ...]  # the sampled frame numbers
+
+
+@attrs.frozen
 class VisualTokens:
     """The video tokens of one prompt, in sequence order, across all videos of the prompt."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hippo.cli import main
+from hippo_cli.main import main
 
 
 def test_bench_quick_smallest_setting(tmp_path):
@@ -71,7 +71,7 @@ def test_bench_quick_smallest_setting(tmp_path):
 
 def test_bench_fixed_length_runs_suppress_eos_until_min_new_tokens():
     """`--min-new-tokens` makes every method run the same number of tokens, still lossless."""
-    from benchmarks import bench
+    from hippo_benchmarks import bench
 
     w = bench.tiny_workload(1, seed=3)
     inputs = w.inputs[0]

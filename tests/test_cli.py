@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import hippo
-import hippo.demo
+import hippo_cli.demo
 import hippo.registry
-from hippo.cli import main
+from hippo_cli.main import main
 from hippo.errors import PluginError
 
 SMALL = ["--frames", "4", "--size", "56", "--max-new-tokens", "12", "--gamma", "3", "--keep-ratio", "0.25"]
@@ -135,7 +135,7 @@ def test_demo_text_report(small_demo) -> None:
 
 
 def test_demo_default_self_speculation_accepts_drafts() -> None:
-    result = hippo.demo.run_demo(max_new_tokens=32, repeats=1)
+    result = hippo_cli.demo.run_demo(max_new_tokens=32, repeats=1)
     assert result["all_identical"]
     assert result["runs"][2]["mat"] > 1.0  # the target agrees with itself on a pruned video
 
@@ -147,13 +147,13 @@ def test_demo_on_every_adapter_with_a_tiny_model(adapter: str) -> None:
         cls.tiny_model("draft")
     except NotImplementedError:
         pytest.skip(f"adapter {adapter!r} ships no tiny model")
-    result = hippo.demo.run_demo(adapter=adapter, frames=4, max_new_tokens=10, repeats=1)
+    result = hippo_cli.demo.run_demo(adapter=adapter, frames=4, max_new_tokens=10, repeats=1)
     assert result["adapter"] == adapter and result["settings"]["size"] >= 112
     assert result["all_identical"], [r["tokens"] for r in result["runs"]]
 
 
 def test_demo_json_on_stdout(capsys: pytest.CaptureFixture[str], monkeypatch, small_demo) -> None:
-    monkeypatch.setattr(hippo.demo, "run_demo", lambda **kw: small_demo[2])
+    monkeypatch.setattr(hippo_cli.demo, "run_demo", lambda **kw: small_demo[2])
     assert main(["demo", "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out) == small_demo[2]
 
@@ -164,14 +164,14 @@ def test_demo_exits_1_when_an_output_differs(
     broken = json.loads(json.dumps(small_demo[2]))
     broken["runs"][1]["identical"] = False
     broken["all_identical"] = False
-    monkeypatch.setattr(hippo.demo, "run_demo", lambda **kw: broken)
+    monkeypatch.setattr(hippo_cli.demo, "run_demo", lambda **kw: broken)
     assert main(["demo"]) == 1
     out = capsys.readouterr().out
     assert "all outputs identical: NO" in out
 
 
 def test_synthetic_video_shape_and_range() -> None:
-    video = hippo.demo.synthetic_video(5, 84, seed=1)
+    video = hippo_cli.demo.synthetic_video(5, 84, seed=1)
     assert video.shape == (5, 84, 84, 3)
     assert float(video.min()) >= 0.0 and float(video.max()) <= 1.0
     assert float(video[:, 0].min()) == 1.0  # the bright border
@@ -218,14 +218,14 @@ def test_debug_shows_the_traceback(argv, capsys: pytest.CaptureFixture[str]) -> 
 def test_json_file_that_cannot_be_written(
     capsys: pytest.CaptureFixture[str], monkeypatch, small_demo
 ) -> None:
-    monkeypatch.setattr(hippo.demo, "run_demo", lambda **kw: small_demo[2])
+    monkeypatch.setattr(hippo_cli.demo, "run_demo", lambda **kw: small_demo[2])
     assert main(["demo", "--json", str(Path("/nonexistent-dir/x.json"))]) == 2
     assert "cannot write --json file" in capsys.readouterr().err
 
 
 def test_console_script_error_contract() -> None:
     exe = shutil.which("hippo")
-    cmd = [exe] if exe else [sys.executable, "-m", "hippo.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "hippo_cli"]
     proc = subprocess.run([*cmd, "demo", "--size", "50"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert proc.stdout == ""

@@ -1,7 +1,7 @@
 """`hippo generate` and `hippo bias` end to end on tiny checkpoints saved with `save_pretrained`.
 
 Two runs go through the installed console script in a subprocess (the full run with --compare-ar and
---json, and one error); the rest call `hippo.cli.main([...])` in-process, which is the same code
+--json, and one error); the rest call `hippo_cli.main.main([...])` in-process, which is the same code
 without the ~2-5 s start-up. Every bad input must give exit status 2 and one line on stderr, and the
 Python API must raise the typed exception with the same message.
 """
@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import hippo
-from hippo.cli import main
+from hippo_cli.main import main
 from hippo.errors import ConfigError, InputError, ModelError, VideoError
-from hippo.inputs import check_tokenizers, decode_video, load_tokenizer, load_video_inputs
+from hippo_media.inputs import check_tokenizers, decode_video, load_tokenizer, load_video_inputs
 from hippo.registry import lookup
 
 pytest.importorskip("av")
@@ -114,7 +114,7 @@ def one_line_error(err: str) -> str:
 
 def console(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     exe = shutil.which("hippo")
-    cmd = [exe] if exe else [sys.executable, "-m", "hippo.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "hippo_cli"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the tiny models gain nothing from threads
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -182,7 +182,7 @@ def test_streams_the_answer_then_the_summary(env, capsys) -> None:
 
 
 def test_streamer_and_stage_bars() -> None:
-    from hippo.cli_video import StageBars, text_streamer
+    from hippo_cli.video_commands import StageBars, text_streamer
 
     buf = io.StringIO()
     bars = StageBars(disable=False, file=buf)

@@ -1,4 +1,4 @@
-"""hippo.inputs and the adapters' `build_inputs`: a video file + a prompt -> processor-shaped inputs.
+"""hippo_media.inputs and the adapters' `build_inputs`: a video file + a prompt -> processor-shaped inputs.
 
 Tiny random checkpoints and the tiny word-level tokenizer come from tests/tiny_checkpoint.py.
 """
@@ -12,7 +12,7 @@ import torch
 
 import hippo
 from hippo.errors import ConfigError, InputError, ModelError, UnsupportedError, VideoError
-from hippo.inputs import (
+from hippo_media.inputs import (
     SampledVideo,
     build_video_inputs,
     check_checkpoint,

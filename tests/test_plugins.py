@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import hippo
-from hippo.cli import main
+from hippo_cli.main import main
 from hippo.errors import PluginError
 from hippo.interfaces import Scheduler, Selector
 from hippo.registry import (
@@ -80,7 +80,7 @@ USE_PLUGINS = """
     import attrs
     import torch
     import hippo
-    from hippo.cli import main
+    from hippo_cli.main import main
     from hippo.registry import describe, lookup, registry
 
     out = {"describe": describe()}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import hippo
-from hippo.cli import main
+from hippo_cli.main import main
 from hippo.errors import ConfigError, PluginError
 from hippo.testing import (
     Case,
@@ -224,7 +224,7 @@ def test_installed_plugins_with_hippo_check_and_their_own_suite(tmp_path):
         "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
     }
     env.pop("HIPPO_DISABLE_PLUGIN_AUTOLOAD", None)
-    hippo_cli = [sys.executable, "-m", "hippo.cli"]
+    hippo_cli = [sys.executable, "-m", "hippo_cli"]
     raising = subprocess.run(
         [*hippo_cli, "check", "lossy_raising", "--examples", "1", "--adapter", ADAPTER],
         capture_output=True,

@@ -18,7 +18,7 @@ from transformers.models.whisper.modeling_whisper import WhisperEncoder
 import hippo
 from hippo.errors import ConfigError, InputError
 from hippo.registry import resolve_adapter
-from hippo.video import read_audio
+from hippo_media.video import read_audio
 from hippo_adapters.qwen2_5_vl_tiny import tiny_config as qwen_tiny_config
 from hippo_adapters.video_salmonn2_plus import VideoSalmonn2PlusAdapter
 from hippo_adapters.video_salmonn2_plus_model import (

@@ -1,6 +1,6 @@
 """The committed LLaVA-OneVision pair (benchmarks/pair_llava/): checksums, accuracy, lossless decoding.
 
-Nothing is trained here; `python -m benchmarks.llava_pair --measure` gives the full figures.
+Nothing is trained here; `python -m hippo_benchmarks.llava_pair --measure` gives the full figures.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.llava_pair import (
+from hippo_benchmarks.llava_pair import (
     HELD_OUT,
     MAX_NEW,
     SCHEMES,
@@ -19,7 +19,7 @@ from benchmarks.llava_pair import (
     processor_inputs,
     reference,
 )
-from benchmarks.task import sample
+from hippo_benchmarks.task import sample
 from hippo_adapters.llava_onevision import LlavaOnevisionAdapter
 
 SEEDS = range(HELD_OUT, HELD_OUT + 8)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks import bench
-from benchmarks.batching import make_batch
-from benchmarks.evaluate import HELD_OUT, greedy_ids
-from benchmarks.narration import NARRATE_BENCH, narration_sample, step_token_score
-from benchmarks.pair import NARRATE_DIR, load_pair
+from hippo_benchmarks import bench
+from hippo_benchmarks.batching import make_batch
+from hippo_benchmarks.evaluate import HELD_OUT, greedy_ids
+from hippo_benchmarks.narration import NARRATE_BENCH, narration_sample, step_token_score
+from hippo_benchmarks.pair import NARRATE_DIR, load_pair
 
 SEEDS = range(HELD_OUT, HELD_OUT + 4)
 

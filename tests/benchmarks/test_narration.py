@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.narration import (
+from hippo_benchmarks.narration import (
     NARRATE_BENCH,
     answer_lengths,
     narrate,
@@ -14,8 +14,8 @@ from benchmarks.narration import (
     split_steps,
     step_token_score,
 )
-from benchmarks.task import TEMPORAL
-from benchmarks.tokenizer import build_tokenizer, processor_inputs
+from hippo_benchmarks.task import TEMPORAL
+from hippo_benchmarks.tokenizer import build_tokenizer, processor_inputs
 
 SEEDS = range(10**9, 10**9 + 12)
 

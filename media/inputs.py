@@ -24,12 +24,13 @@ from typing import Any
 
 import attrs
 import torch
+from hippo_media.video import sample_indices
 
 from hippo.builder import check_device  # noqa: F401 - re-exported for the CLI
 from hippo.checkpoint import check_backbone_fits, check_checkpoint  # noqa: F401 - re-exported
 from hippo.errors import ConfigError, HippoError, InputError, ModelError, VideoError
 from hippo.sampling import check_vocab
-from hippo.video import VideoClip, sample_indices
+from hippo.types import VideoClip
 
 #: progress(stage, event): event is "start", "end", or "update" (with done/total for video decode).
 Progress = Callable[..., None]
@@ -199,7 +200,7 @@ def decode_video(
 
     `progress("video decode", "update", done=, total=)` is called after each chunk of frames.
     """
-    from hippo.video import _open
+    from hippo_media.video import _open
 
     with native_stderr_silenced():  # ffmpeg/decord log to fd 2; the VideoError says what went wrong
         vr = _open(path)
@@ -228,7 +229,7 @@ def decode_video(
 
 
 def read_audio_track(path: str | os.PathLike) -> torch.Tensor:  # -> [S] float32 mono, 16 kHz
-    from hippo.video import read_audio
+    from hippo_media.video import read_audio
 
     with native_stderr_silenced():
         return read_audio(path)

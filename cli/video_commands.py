@@ -19,11 +19,7 @@ from typing import Any
 
 import attrs
 import torch
-
-from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
-from hippo.checkpoint import check_same_backbone
-from hippo.errors import ConfigError, HippoError
-from hippo.inputs import (
+from hippo_media.inputs import (
     build_video_inputs,
     check_checkpoint,
     check_device,
@@ -37,6 +33,10 @@ from hippo.inputs import (
     needs_audio,
     read_audio_track,
 )
+
+from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
+from hippo.checkpoint import check_same_backbone
+from hippo.errors import ConfigError, HippoError
 from hippo.registry import lookup
 
 EXIT_MISMATCH = 1

@@ -6,18 +6,10 @@ import math
 import os
 from pathlib import Path
 
-import attrs
 import torch
 
 from hippo.errors import ConfigError, InputError, VideoError
-
-
-@attrs.frozen
-class VideoClip:
-    frames: torch.Tensor  # [T, H, W, 3] uint8
-    timestamps: torch.Tensor  # [T] seconds
-    fps: float  # the file's average frame rate
-    indices: tuple[int, ...]  # the sampled frame numbers
+from hippo.types import VideoClip
 
 
 def _open(path: str | os.PathLike):

@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from pathlib import Path
+from importlib import metadata
 from typing import Any
 
 # Busy-waiting OpenMP threads starve a second process (the draft's, or anything else on a small
@@ -25,6 +25,8 @@ from hippo.errors import HippoError  # noqa: E402
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
+#: entry-point group of the commands other packages add (`hippo bench`)
+COMMANDS = "hippo.commands"
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
@@ -49,7 +51,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from hippo.demo import format_result, run_demo
+    from hippo_cli.demo import format_result, run_demo
 
     result = run_demo(
         frames=args.frames,
@@ -135,105 +137,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from hippo.cli_video import cmd_generate
+    from hippo_cli.video_commands import cmd_generate
 
     return cmd_generate(args)
 
 
 def _cmd_bias(args: argparse.Namespace) -> int:
-    from hippo.cli_video import cmd_bias
+    from hippo_cli.video_commands import cmd_bias
 
     return cmd_bias(args)
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    # benchmarks/ lives next to hippo/ in the repository and is not installed (its name is too generic
-    # for site-packages); an editable install finds it there.
-    root = Path(hippo.__file__).resolve().parents[1]
-    if not (root / "benchmarks" / "bench.py").is_file():
-        raise HippoError(
-            "hippo bench needs the repository's benchmarks/ folder: run it from an editable install"
-        )
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    from benchmarks.bench import main as bench
-
-    summary = bench(
-        quick=args.quick,
-        pair=args.pair,
-        videos=args.videos,
-        repeats=args.repeats,
-        max_new_tokens=args.max_new_tokens,
-        min_new_tokens=args.min_new_tokens,
-        keep_ratio=args.keep_ratio,
-        gamma=args.gamma,
-        frames=args.frames,
-        size=args.size,
-        threads=args.threads,
-        compiled=not args.no_compile,
-        seed=args.seed,
-        out=args.out,
-        log=lambda line: print(line, file=sys.stderr),
-    )
-    bad = [r["name"] for r in summary["rows"] if "error" not in r and not r["identical"]]
-    if bad:
-        print(f"hippo: outputs differ from HF generate for: {', '.join(bad)}", file=sys.stderr)
-    return EXIT_MISMATCH if bad else 0
-
-
-def _bench_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
-    b = sub.add_parser(
-        "bench",
-        parents=[debug],
-        help="the paper's Tables 1 and 2 in miniature: every method side by side on a trained pair",
-        description=(
-            "Run HF generate, HF assisted generation, HF prompt lookup and hippo's schedulers and selectors on "
-            "the same pair, videos and prompts; report medians over repeats of MAT, speedup over HF generate, "
-            "tokens/s, TTFT, the time breakdown, the share of draft time hidden behind the target, and the MAT "
-            "bound. Every output is checked against HF generate's; a differing one is flagged (exit 1). Writes "
-            "table.md, results.json and PNG plots to --out. The target-alone baselines get all --threads "
-            "cores; pearl/hippo run the draft in its own process, one core per model."
-        ),
-    )
-    b.add_argument("--quick", action="store_true", help="the main rows only, small videos (under 5 minutes)")
-    b.add_argument(
-        "--pair",
-        choices=("narrate", "caption", "tiny"),
-        default="narrate",
-        help="the committed narration pair (long answers, the paper's regime), the captioning pair (short "
-        "answers), or a random tiny pair for smoke runs (default: %(default)s)",
-    )
-    b.add_argument("--videos", type=int, metavar="N", help="held-out videos (default: 2 quick, 4 full)")
-    b.add_argument("--repeats", type=int, metavar="N", help="timed runs per video (default: 1 quick, 2 full)")
-    b.add_argument(
-        "--max-new-tokens", type=int, metavar="N", help="default: 256 (narrate), 48 (caption, tiny)"
-    )
-    b.add_argument(
-        "--min-new-tokens",
-        type=int,
-        default=0,
-        metavar="N",
-        help="suppress EOS until N new tokens (fixed-length runs, as serving benchmarks do; default: off)",
-    )
-    b.add_argument("--keep-ratio", type=float, default=0.1, metavar="R", help="default: %(default)s")
-    b.add_argument("--gamma", type=int, default=5, metavar="N", help="draft length γ (default: %(default)s)")
-    b.add_argument(
-        "--frames", type=int, metavar="N", help="frames per video (default: 32 narrate, 16 caption)"
-    )
-    b.add_argument(
-        "--size", type=int, metavar="PX", help="frame side in pixels (default: 168 narrate, 448 caption)"
-    )
-    b.add_argument("--threads", type=int, default=2, metavar="N", help="cores for the target-alone runs")
-    b.add_argument(
-        "--no-compile",
-        action="store_true",
-        help="leave out the HF static cache + torch.compile row (compiling takes a minute or more)",
-    )
-    b.add_argument("--seed", type=int, default=0, help="held-out video seed offset (default: %(default)s)")
-    b.add_argument(
-        "--out", default="results/bench", metavar="DIR", help="results directory (default: %(default)s)"
-    )
-    b.set_defaults(func=_cmd_bench)
 
 
 def _video_args(p: argparse.ArgumentParser) -> None:
@@ -361,9 +273,29 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
     _generate_parser(sub, debug)
     _bias_parser(sub, debug)
-    _bench_parser(sub, debug)
+    _external_commands(sub, debug)
     _check_parser(sub, debug)
     return parser
+
+
+def _external_commands(sub: Any, debug: argparse.ArgumentParser) -> None:
+    """Commands other packages add through the `hippo.commands` entry-point group.
+
+    Each entry point is a function `(subparsers, parents) -> None` that adds one subcommand whose
+    `func(args) -> int` runs it (`hippo bench` is `hippo_benchmarks.command:add_parser`).
+    """
+    for ep in sorted(metadata.entry_points(group=COMMANDS), key=lambda ep: ep.name):
+        try:
+            ep.load()(sub, [debug])
+        except Exception as exc:  # a broken command package must not break every other command
+            message = f"the command {ep.name!r} ({ep.value}) failed to load: {exc!r}; reinstall its package"
+            broken = sub.add_parser(ep.name, parents=[debug], help=f"(unavailable: {exc!r})"[:80])
+            broken.add_argument("rest", nargs=argparse.REMAINDER)
+            broken.set_defaults(func=lambda args, m=message: _fail(m))
+
+
+def _fail(message: str) -> int:
+    raise HippoError(message)
 
 
 def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:

@@ -1,0 +1,52 @@
+"""The packages import only downward: the core knows nothing of plugins, adapters or front ends.
+
+hippo (core) <- hippo_media (video files -> inputs) <- hippo_plugins, hippo_adapters <-
+hippo_benchmarks, hippo_cli (front ends). Checked on the source with `ast`, lazy imports included.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {  # import name -> (directory, import names it may use besides itself)
+    "hippo": ("hippo", set()),
+    "hippo_media": ("media", {"hippo"}),
+    "hippo_plugins": ("plugins", {"hippo", "hippo_media"}),
+    "hippo_adapters": ("adapters", {"hippo", "hippo_media"}),
+    "hippo_benchmarks": ("benchmarks", {"hippo", "hippo_media", "hippo_plugins", "hippo_adapters"}),
+    "hippo_cli": ("cli", {"hippo", "hippo_media", "hippo_plugins", "hippo_adapters", "hippo_benchmarks"}),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_imports_point_down(package):
+    folder, allowed = PACKAGES[package]
+    ours = set(PACKAGES) | {"benchmarks"}
+    wrong = {}
+    files = sorted((ROOT / folder).rglob("*.py"))
+    assert files, f"no modules found in {folder}/"
+    for f in files:
+        bad = (_imports(f) & ours) - allowed - {package}
+        if bad:
+            wrong[str(f.relative_to(ROOT))] = sorted(bad)
+    assert not wrong, f"{package} imports upward or sideways: {wrong}"
+
+
+def test_no_sys_path_edits_in_packages():
+    for folder, _ in PACKAGES.values():
+        for f in (ROOT / folder).rglob("*.py"):
+            assert "sys.path.insert" not in f.read_text(), f"{f} edits sys.path"
