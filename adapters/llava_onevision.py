@@ -27,6 +27,10 @@ from transformers import DynamicCache, LlavaOnevisionForConditionalGeneration
 
 from hippo import hookimpl
 from hippo.errors import ConfigError, InputError, UnsupportedError
+from hippo.interfaces import Adapter, Encoded
+from hippo.session import KVSession
+from hippo.types import VideoClip, VisualTokens
+from hippo_adapters.attention_readout import AttentionReadout
 from hippo_media.inputs import (
     chat_text,
     expand_placeholder,
@@ -36,11 +40,6 @@ from hippo_media.inputs import (
     token_string,
     tokenize,
 )
-from hippo.interfaces import Adapter, Encoded
-from hippo.session import KVSession
-from hippo.types import VisualTokens
-from hippo.types import VideoClip
-from hippo_adapters.attention_readout import AttentionReadout
 
 POSITIONS = ("original", "compact")
 

@@ -17,6 +17,10 @@ from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
 
 from hippo import hookimpl
 from hippo.errors import InputError, UnsupportedError
+from hippo.interfaces import Adapter, Encoded
+from hippo.session import KVSession
+from hippo.types import VideoClip, VisualTokens
+from hippo_adapters.attention_readout import AttentionReadout
 from hippo_media.inputs import (
     chat_text,
     expand_placeholder,
@@ -28,11 +32,6 @@ from hippo_media.inputs import (
     token_string,
     tokenize,
 )
-from hippo.interfaces import Adapter, Encoded
-from hippo.session import KVSession
-from hippo.types import VisualTokens
-from hippo.types import VideoClip
-from hippo_adapters.attention_readout import AttentionReadout
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 

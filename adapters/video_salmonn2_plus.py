@@ -25,10 +25,8 @@ import torch
 
 from hippo import hookimpl
 from hippo.errors import ConfigError, InputError, ModelError
-from hippo_media.inputs import chat_text, expand_placeholder, sampled_fps, token_string, tokenize
 from hippo.interfaces import Encoded
-from hippo.types import VisualTokens
-from hippo.types import VideoClip
+from hippo.types import VideoClip, VisualTokens
 from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter, _batch1
 from hippo_adapters.video_salmonn2_plus_inputs import clip_inputs, fit_audio, token_types
 from hippo_adapters.video_salmonn2_plus_model import (
@@ -37,6 +35,7 @@ from hippo_adapters.video_salmonn2_plus_model import (
     audio_inputs,
 )
 from hippo_adapters.video_salmonn2_plus_positions import POSITION_MODES, mrope_positions
+from hippo_media.inputs import chat_text, expand_placeholder, sampled_fps, token_string, tokenize
 
 ARCHITECTURES = ("video_SALMONN2_plus", VideoSalmonn2PlusForConditionalGeneration.__name__)
 

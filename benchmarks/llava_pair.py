@@ -48,12 +48,12 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
 )
 
+from hippo_adapters.llava_onevision import LlavaOnevisionAdapter  # noqa: E402
+from hippo_adapters.llava_onevision_tiny import tiny_config  # noqa: E402
 from hippo_benchmarks import task  # noqa: E402
 from hippo_benchmarks.pair import CHECKSUMS, ChecksumError, file_sha256  # noqa: E402
 from hippo_benchmarks.task import COLOURS, MOTIONS, QUESTION, SHAPES, TaskConfig, content_score, sample  # noqa: E402
 from hippo_benchmarks.tokenizer import SPECIALS, VOCAB_SIZE, messages, vocabulary  # noqa: E402
-from hippo_adapters.llava_onevision import LlavaOnevisionAdapter  # noqa: E402
-from hippo_adapters.llava_onevision_tiny import tiny_config  # noqa: E402
 
 PAIR_DIR = Path(__file__).parent / "pair_llava"
 HELD_OUT = 10**9  # held-out seeds; training seeds stay far below

@@ -23,10 +23,10 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 import hippo  # noqa: E402
+from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter  # noqa: E402
 from hippo_benchmarks.models import n_params  # noqa: E402
 from hippo_benchmarks.task import BENCHMARK, TaskConfig, sample  # noqa: E402
 from hippo_benchmarks.tokenizer import processor_inputs  # noqa: E402
-from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter  # noqa: E402
 
 HELD_OUT = 10**9
 

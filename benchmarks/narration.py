@@ -29,7 +29,17 @@ from dataclasses import replace
 
 import torch
 
-from hippo_benchmarks.task import COLOURS, MOTION_WORDS, MOTIONS, SHAPES, TEMPORAL, Obj, Sample, TaskConfig, sample
+from hippo_benchmarks.task import (
+    COLOURS,
+    MOTION_WORDS,
+    MOTIONS,
+    SHAPES,
+    TEMPORAL,
+    Obj,
+    Sample,
+    TaskConfig,
+    sample,
+)
 
 FPS = 4.0  # frames per second: one temporal patch (2 frames) = 0.5 s = one M-RoPE temporal position
 MAX_STEPS = 16

@@ -17,9 +17,9 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
 from hippo_benchmarks.narration import NARRATION_WORDS
 from hippo_benchmarks.task import CAPTION_WORDS, CLIP_SECONDS, QUESTION
-from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
 
 SPECIALS = (
     "<|endoftext|>",  # bos and pad, as in Qwen

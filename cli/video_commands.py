@@ -19,6 +19,11 @@ from typing import Any
 
 import attrs
 import torch
+
+from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
+from hippo.checkpoint import check_same_backbone
+from hippo.errors import ConfigError, HippoError
+from hippo.registry import lookup
 from hippo_media.inputs import (
     build_video_inputs,
     check_checkpoint,
@@ -33,11 +38,6 @@ from hippo_media.inputs import (
     needs_audio,
     read_audio_track,
 )
-
-from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
-from hippo.checkpoint import check_same_backbone
-from hippo.errors import ConfigError, HippoError
-from hippo.registry import lookup
 
 EXIT_MISMATCH = 1
 

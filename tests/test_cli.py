@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import hippo
-import hippo_cli.demo
 import hippo.registry
-from hippo_cli.main import main
+import hippo_cli.demo
 from hippo.errors import PluginError
+from hippo_cli.main import main
 
 SMALL = ["--frames", "4", "--size", "56", "--max-new-tokens", "12", "--gamma", "3", "--keep-ratio", "0.25"]
 

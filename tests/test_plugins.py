@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 import hippo
-from hippo_cli.main import main
 from hippo.errors import PluginError
 from hippo.interfaces import Scheduler, Selector
 from hippo.registry import (
@@ -30,6 +29,7 @@ from hippo.registry import (
     plugin_manager,
     registry,
 )
+from hippo_cli.main import main
 
 FIXTURE = Path(__file__).parent / "fixtures" / "thirdparty"
 DIST = "hippo-thirdparty-example"

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 import hippo
-from hippo_cli.main import main
 from hippo.errors import ConfigError, PluginError
 from hippo.testing import (
     Case,
@@ -29,6 +28,7 @@ from hippo.testing import (
     replay_greedy,
 )
 from hippo.testing._deps import MissingTestingDependency, require_hypothesis
+from hippo_cli.main import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES / "lossy"))

@@ -18,7 +18,6 @@ from transformers.models.whisper.modeling_whisper import WhisperEncoder
 import hippo
 from hippo.errors import ConfigError, InputError
 from hippo.registry import resolve_adapter
-from hippo_media.video import read_audio
 from hippo_adapters.qwen2_5_vl_tiny import tiny_config as qwen_tiny_config
 from hippo_adapters.video_salmonn2_plus import VideoSalmonn2PlusAdapter
 from hippo_adapters.video_salmonn2_plus_model import (
@@ -31,6 +30,7 @@ from hippo_adapters.video_salmonn2_plus_model import (
 )
 from hippo_adapters.video_salmonn2_plus_positions import audio_split, clip_ids, mrope_positions
 from hippo_adapters.video_salmonn2_plus_tiny import AUDIO, synthetic_inputs, tiny_config, tiny_model
+from hippo_media.video import read_audio
 
 F64 = torch.float64
 _MODELS: dict = {}

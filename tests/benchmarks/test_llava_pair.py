@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hippo_adapters.llava_onevision import LlavaOnevisionAdapter
 from hippo_benchmarks.llava_pair import (
     HELD_OUT,
     MAX_NEW,
@@ -20,7 +21,6 @@ from hippo_benchmarks.llava_pair import (
     reference,
 )
 from hippo_benchmarks.task import sample
-from hippo_adapters.llava_onevision import LlavaOnevisionAdapter
 
 SEEDS = range(HELD_OUT, HELD_OUT + 8)
 

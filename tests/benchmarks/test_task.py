@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from hippo_benchmarks.task import COLOURS, TaskConfig, caption_of, content_score, parse_caption, sample, token_score
+from hippo_benchmarks.task import (
+    COLOURS,
+    TaskConfig,
+    caption_of,
+    content_score,
+    parse_caption,
+    sample,
+    token_score,
+)
 
 
 def test_sample_is_a_pure_function_of_the_seed():
