@@ -2,8 +2,10 @@
 
 Training does not go through `model.forward`: it embeds the prompt, scatters the vision encoder's
 features into the `<|video_pad|>` rows, and runs the language model on `inputs_embeds` with
-explicit 3-D positions, the prompt's from `get_rope_index` and the caption's from
-`max(prompt position) + 1` on, which is what `generate()` uses. A pruned draft gets only the kept
+explicit 3-D positions, the prompt's from `get_rope_index` and the caption's from the prompt's
+last position + 1 on, which is what `generate()` does in transformers 5.23 (not max(position) + 1:
+the two differ when the video's time positions run past the text after it, as in the narration
+clips, and a pair trained on max + 1 narrates nonsense through `generate`). A pruned draft gets only the kept
 visual rows, each with its original position, as hippo's Qwen2.5-VL adapter passes them.
 """
 
@@ -70,7 +72,7 @@ def prompt_positions(model, batch: Batch) -> tuple[torch.Tensor, int]:
         video_grid_thw=batch.grid[:1],
         second_per_grid_ts=torch.tensor([batch.seconds_per_grid]),
     )
-    return pos[:, 0], int(pos.max()) + 1
+    return pos[:, 0], int(pos[:, 0, -1].max()) + 1
 
 
 def select_kept(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field  # noqa: E402
 import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
-from hippo_benchmarks.batching import lm_inputs, make_batch, select_kept  # noqa: E402
+from hippo_benchmarks.batching import lm_inputs, make_batch, prompt_positions, select_kept  # noqa: E402
 from hippo_benchmarks.task import TaskConfig, content_score, sample, token_score  # noqa: E402
 from hippo_benchmarks.tokenizer import caption_ids, processor_inputs  # noqa: E402
 
@@ -80,7 +80,7 @@ def greedy_ids(
     empty = batch.captions[:, :0]
     batch = type(batch)(**{**batch.__dict__, "captions": empty, "labels": empty})
     embeds, positions, _, _ = lm_inputs(model, batch, keep)
-    first = int(positions.max()) + 1
+    first = prompt_positions(model, batch)[1]  # the prompt's last position + 1, as generate() continues
     cache = DynamicCache(config=model.config)
     out = model(
         inputs_embeds=embeds, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1

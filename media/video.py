@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -94,3 +95,28 @@ def read_audio(path: str | os.PathLike, *, sample_rate: int = 16000) -> torch.Te
     if samples.numel() == 0:
         raise VideoError(f"the audio track of {str(p)!r} is empty")
     return samples
+
+
+def write_video(path: str | os.PathLike, frames: torch.Tensor, fps: float) -> Path:  # frames: [T, H, W, 3]
+    """Write frames (floats in [0, 1] or uint8) losslessly: FFV1 in Matroska, which decord reads back bit-exact.
+
+    `path` should end in .mkv. Uses PyAV (a hippo dependency); no ffmpeg binary is needed.
+    """
+    import av
+
+    if frames.dim() != 4 or frames.shape[-1] != 3 or frames.shape[0] < 1:
+        raise InputError(f"frames must be [T, H, W, 3] with T >= 1, got {tuple(frames.shape)}")
+    if not 0 < fps < math.inf:
+        raise ConfigError(f"fps must be a finite number > 0, got {fps}")
+    if frames.dtype != torch.uint8:
+        frames = (frames.float().clamp(0, 1) * 255).round().to(torch.uint8)
+    T, H, W, _ = frames.shape
+    p = Path(path)
+    rate = Fraction(fps).limit_denominator(1001)
+    with av.open(str(p), "w") as container:
+        stream = container.add_stream("ffv1", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = W, H, "bgr0"
+        for f in frames.numpy():
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")))
+        container.mux(stream.encode())
+    return p
