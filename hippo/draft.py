@@ -7,12 +7,14 @@ visual tokens, T = tokens in the sequence so far.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
+    from hippo.events import EventLog
     from hippo.interfaces import Adapter, Drafter, Encoded, ModelSession
     from hippo.job import DecodeJob
     from hippo.sampling import TokenPolicy
@@ -40,6 +42,7 @@ class DraftSide:
         self.session: ModelSession | None = None
         self._seconds_closed = 0.0  # forward seconds of sessions replaced by a later prefill
         self._forwards_closed = 0  # and their forward passes
+        self.events: EventLog | None = None  # where to book its work (a timeline was asked for)
 
     @classmethod
     def for_job(cls, job: DecodeJob, own_policy: bool = False) -> DraftSide:
@@ -47,18 +50,26 @@ class DraftSide:
         p = job.pipeline
         same = p.draft_adapter.model is p.target_adapter.model
         policy = job.policy.fork() if own_policy else job.policy
-        return cls(p.draft_adapter, p.drafter, job.inputs, policy, job.target_encoded if same else None)
+        side = cls(p.draft_adapter, p.drafter, job.inputs, policy, job.target_encoded if same else None)
+        side.events = job.events
+        return side
 
     def encoded(self) -> Encoded:
         if self._encoded is None:
+            t0 = time.perf_counter()
             self._encoded = self._encode() if self._encode is not None else self.adapter.encode(self.inputs)
+            if self.events is not None and self._encode is None:  # its own vision tower
+                self.events.add("draft", "vision", t0)
         return self._encoded
 
     def prefill(self, keep: torch.Tensor | None) -> ModelSession:  # keep [K] kept visual indices
         """(Re)build the draft's session on the kept visual tokens."""
         encoded = self.encoded()
+        t0 = time.perf_counter()
         self._drop_session()
         self.session = self.adapter.prefill(encoded, keep)
+        if self.events is not None:
+            self.events.add("draft", "prefill", t0)
         return self.session
 
     def propose(
@@ -68,9 +79,24 @@ class DraftSide:
         should_stop: Callable[[], bool] | None = None,
     ) -> DraftProposal:
         """Draft up to γ tokens continuing `prefix` (fewer if `should_stop()` turns true)."""
+        t0 = time.perf_counter()
         if should_stop is None:
-            return self.drafter.propose(self.session, prefix, gamma, self.policy)
-        return self.drafter.propose(self.session, prefix, gamma, self.policy, should_stop)
+            prop = self.drafter.propose(self.session, prefix, gamma, self.policy)
+        else:
+            prop = self.drafter.propose(self.session, prefix, gamma, self.policy, should_stop)
+        if self.events is not None:
+            stopped = should_stop is not None and prop.depth < gamma and should_stop()
+            self.events.add(
+                "draft",
+                "draft",
+                t0,
+                pos=prefix.shape[0],
+                n=prop.size,
+                depth=prop.depth,
+                gamma=gamma,
+                stopped=stopped,
+            )
+        return prop
 
     @property
     def seconds_decode(self) -> float:

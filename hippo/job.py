@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hippo.draft import DraftSide
+from hippo.events import EventLog, label
 from hippo.interfaces import ModelSession, Scorer, ScoringContext, Verifier
 from hippo.types import DraftProposal, Stats, Verdict
 
@@ -36,6 +37,7 @@ class DecodeJob:
         eos_ids: Sequence[int],
         streamer: Any = None,
         progress: Callable[[str, str], None] | None = None,  # progress(stage, "start" | "end")
+        record_events: bool = False,  # book every piece of work on stats.events (a timeline)
     ):
         self.pipeline = pipeline
         self.inputs = inputs
@@ -54,6 +56,7 @@ class DecodeJob:
         self._target: ModelSession | None = None
         self._target_encoded = None
         self._draft: DraftSide | None = None
+        self.events: EventLog | None = EventLog() if record_events else None
 
     # ---- sequence -------------------------------------------------------------------------
     @property
@@ -100,6 +103,8 @@ class DecodeJob:
             with self.stage("vision encoding"):
                 self._target_encoded = self.pipeline.target_adapter.encode(self.inputs)
             self.stats.seconds_target_prefill += time.perf_counter() - t0
+            if self.events is not None:
+                self.events.add("target", "vision", t0)
             self.stats.visual_tokens = self._target_encoded.visual.n
         return self._target_encoded
 
@@ -112,6 +117,8 @@ class DecodeJob:
             with observe, self.stage("target prefill"):
                 self._target = adapter.prefill(encoded, keep=None)
             self.stats.seconds_target_prefill += time.perf_counter() - t0
+            if self.events is not None:
+                self.events.add("target", "prefill", t0)
         return self._target
 
     def select(self, scorer: Scorer | None) -> torch.Tensor:  # -> [K] kept visual indices
@@ -125,6 +132,8 @@ class DecodeJob:
             scores = scorer.score(encoded.visual, ctx)
         keep = p.selector.select(encoded.visual, scores, self.policy.generator)
         self.stats.seconds_pruning += time.perf_counter() - t0
+        if self.events is not None:
+            self.events.add("target", "prune", t0)
         self.stats.kept_visual_tokens = int(keep.shape[0])
         return keep
 
@@ -157,9 +166,12 @@ class DecodeJob:
 
     def target_step(self, target: ModelSession) -> None:
         """One plain autoregressive step of the target (it first consumes any pending tokens)."""
+        t0 = time.perf_counter()
         prefix = self.prefix()
         scores = self.policy.process(prefix, target.sync(prefix)[None])[0]
-        self.emit([self.policy.choose(scores)])
+        kept = self.emit([self.policy.choose(scores)])
+        if self.events is not None:
+            self.events.add("target", "step", t0, pos=prefix.shape[0], emitted=kept)
 
     def verify_round(self, target: ModelSession, proposal: DraftProposal, bonus: bool = True) -> Verdict:
         """The one verification round: score the draft with the target in one pass, process the
@@ -170,6 +182,7 @@ class DecodeJob:
         tokens it has not seen. With `bonus=False` a fully accepted round emits no bonus token: the
         target keeps p_γ (its `last_logits`) to check the next draft token (PEARL's post-verify).
         """
+        t0 = time.perf_counter()
         prefix = self.prefix()  # [T]
         logits = proposal.score(target, prefix, bonus)  # [k, V] raw target logits
         scores = proposal.process(self.policy, prefix, logits)  # [k, V]
@@ -179,12 +192,27 @@ class DecodeJob:
         kept = self.emit([*accepted, *extra])
         # `kept` < accepted + 1 only in the last round (token budget or EOS reached)
         self.stats.record_round(proposal.size, verdict.n_accepted, kept, verdict.n_accepted < proposal.depth)
+        if self.events is not None:
+            n, depth, a = proposal.size, proposal.depth, verdict.n_accepted
+            self.events.add(
+                "target",
+                "verify",
+                t0,
+                pos=prefix.shape[0],
+                n=n,
+                depth=depth,
+                accepted=a,
+                rejected=depth - a,
+                emitted=kept,
+            )
         return verdict
 
     def finish(self) -> None:
         s = self.stats
         s.new_tokens = len(self.tokens)
         s.seconds_total = time.perf_counter() - self._t0
+        if self.events is not None:
+            s.events = label(self.events.events, self.prompt_ids.shape[0], origin=self._t0)
         if self._target is not None:
             s.seconds_target_decode = self._target.seconds_decode
         if self._draft is not None:

@@ -10,6 +10,7 @@ import torch
 from transformers import GenerationConfig
 
 from hippo.errors import ConfigError, InputError
+from hippo.events import EventLog
 from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, Verifier
 from hippo.job import DecodeJob
 from hippo.registry import lookup, plugin_manager
@@ -72,13 +73,15 @@ class Pipeline:
         generator: torch.Generator | None = None,
         streamer: Any = None,
         progress: Callable[[str, str], None] | None = None,
+        timeline: bool = False,
         **generation_kwargs: Any,
     ) -> GenerateOutput:
         """Decode one prompt. `inputs` is the processor's output (input_ids, pixel_values_videos, ...).
 
         `streamer` gets `put(prompt ids)`, `put(new ids)` as tokens are accepted, then `end()`, as in
         transformers. `progress(stage, "start" | "end")` is told when the long steps ("vision encoding",
-        "target prefill", "draft prefill") start and end.
+        "target prefill", "draft prefill") start and end. `timeline=True` books every piece of
+        work of both models on `stats.events` (`hippo.events`; drawn by `hippo_cli.timeline`).
         """
         if self._closed:
             raise InputError("this pipeline is closed; build a new one")
@@ -114,6 +117,8 @@ class Pipeline:
             self, inputs, prompt, policy, self._verifier_for(gc.do_sample), max_new, eos, streamer, progress
         )
         job.stats.scheduler = self.names.get("scheduler", type(self.scheduler).__name__)
+        if timeline:
+            job.events = EventLog()
         try:
             self.scheduler.run(job)
         finally:

@@ -186,6 +186,9 @@ class Stats:
     fallback: bool = False  # the draft failed and the target finished alone
     scheduler: str = ""
     notes: list[str] = attrs.Factory(list)
+    #: hippo.events.Event of each piece of work, in time order (seconds since the call began);
+    #: empty unless `generate(..., timeline=True)`
+    events: list = attrs.Factory(list)
 
     @property
     def mat(self) -> float:

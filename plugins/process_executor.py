@@ -150,6 +150,7 @@ class ProcessDraftWorker(DraftWorker):
         self.target_busy = executor.target_busy = []
         self.draft_busy: list[tuple[float, float]] = []
         self._inflight: int | None = None
+        self._asked: tuple[int, int] = (-1, 0)  # the in-flight drafting's (start position, γ)
         # the draft side's policy: forked here (the child's own generator), the target's V inside
         self.dp.send("job", (dict(job.inputs), job.policy.fork(), job.pipeline.drafter))
 
@@ -173,6 +174,8 @@ class ProcessDraftWorker(DraftWorker):
             if status == "error":
                 raise DraftFailure(f"the draft raised during {cmd}: {result.strip().splitlines()[-1]}")
             self.draft_busy.append(span)
+            if self.job.events is not None and cmd in ("prefill", "propose"):
+                self._book(t, cmd, result, span)
             if cmd == "prefill":
                 self.seconds_prefill += span[1] - span[0]
             elif cmd == "propose":
@@ -181,11 +184,23 @@ class ProcessDraftWorker(DraftWorker):
                 self.seconds_overlapped = overlap_seconds(self.draft_busy, self.target_busy)
                 return result
 
+    def _book(self, ticket: int, cmd: str, result: Any, span: tuple[float, float]) -> None:
+        """The child's work on the job's event record (its clock is the parent's: see hippo.events)."""
+        if cmd == "prefill":  # includes the draft's first vision encoding, done in the child
+            self.job.events.add("draft", "prefill", *span)
+            return
+        pos, gamma = self._asked
+        stopped = self.dp.stop_ticket.value == ticket and result.depth < gamma
+        self.job.events.add(
+            "draft", "draft", *span, pos=pos, n=result.size, depth=result.depth, gamma=gamma, stopped=stopped
+        )
+
     def prefill(self, keep: torch.Tensor | None) -> None:
         self.dp.send("prefill", keep)
 
     def submit(self, prefix: torch.Tensor, gamma: int) -> None:
         self._inflight = self.dp.send("propose", (prefix, gamma))
+        self._asked = (prefix.shape[0], gamma)
 
     def stop(self) -> None:
         if self._inflight is not None:
