@@ -308,8 +308,11 @@ def run(
     keep_ratio: float = 0.1,
     min_new_tokens: int = 0,
     project: bool = True,
+    timeline: str | os.PathLike | None = None,
     log: Callable[[str], None] = print,
 ) -> dict:
+    """Every row on every video; `timeline`: draw the `hippo` row's run on the first video there
+    (one extra, untimed run with the event record on)."""
     from .regime import measure_costs
 
     gen = {"max_new_tokens": max_new_tokens, "do_sample": False}
@@ -349,6 +352,14 @@ def run(
                     }
                 )
             results[m.name] = {"method": m.__dict__, "videos": per_video}
+            if timeline is not None and m.name == "hippo" and pipe is not None:
+                from .timeline import draw_timeline
+
+                events = pipe.generate(w.inputs[0], timeline=True, **gen).stats
+                results[m.name]["timeline"] = str(
+                    draw_timeline(events, timeline, title=f"hippo bench: {m.name}")
+                )
+                log(f"    timeline of the hippo row, video 0: {timeline}")
             if project and m.group == "main":
                 results[m.name]["projected"] = _project(m, w, per_video, gen)
             log(f"  {m.name}: {statistics.median(v['seconds'] for v in per_video):.3f}s/video")
@@ -619,6 +630,7 @@ def main(
     compiled: bool = True,
     seed: int = 0,
     out: str | os.PathLike = "results/bench",
+    timeline: str | os.PathLike | None = None,
     log: Callable[[str], None] = print,
 ) -> dict:
     out = Path(out)
@@ -649,6 +661,7 @@ def main(
         threads=threads,
         gamma=gamma,
         keep_ratio=keep_ratio,
+        timeline=timeline,
         log=log,
     )
     summary["generation"] = {"max_new_tokens": max_new_tokens, "min_new_tokens": min_new_tokens}

@@ -61,11 +61,19 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     b.add_argument(
         "--out", default="results/bench", metavar="DIR", help="results directory (default: %(default)s)"
     )
+    b.add_argument(
+        "--timeline",
+        metavar="FILE.png",
+        help="also draw a Gantt chart of the hippo row's run on the first video (one extra, untimed run)",
+    )
     b.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from hippo.checkpoint import check_output
     from hippo_benchmarks.bench import main as bench
+
+    check_output(args.timeline, "--timeline")
 
     summary = bench(
         quick=args.quick,
@@ -82,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         compiled=not args.no_compile,
         seed=args.seed,
         out=args.out,
+        timeline=args.timeline,
         log=lambda line: print(line, file=sys.stderr),
     )
     bad = [r["name"] for r in summary["rows"] if "error" not in r and not r["identical"]]

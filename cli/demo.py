@@ -87,12 +87,14 @@ def run_demo(
     keep_ratio: float = DEFAULT_KEEP_RATIO,
     streamer_factory: Any = None,
     workdir: str | Path | None = None,
+    timeline: str | Path | None = None,
     log: Any = print,
 ) -> dict[str, Any]:
     """Render a clip, stream hippo's answer, time the target alone, and return the comparison.
 
     `streamer_factory(tokenizer)` makes the streamer of hippo's answer (None: not streamed);
-    `workdir` receives clip.mkv (default: a new temporary directory, kept so the clip can be reused).
+    `workdir` receives clip.mkv (default: a new temporary directory, kept so the clip can be reused);
+    `timeline`: draw hippo's run there as a Gantt chart (`hippo_benchmarks.timeline`).
     """
     from hippo_media.inputs import build_video_inputs, decode_video, load_tokenizer
 
@@ -126,7 +128,7 @@ def run_demo(
     log(f"answer (hippo, {scheduler} schedule, γ={gamma}, the draft sees {where}):")
     streamer = streamer_factory(tokenizer) if streamer_factory is not None else None
     t0 = time.perf_counter()
-    out = pipe.generate(inputs, streamer=streamer, **gen)
+    out = pipe.generate(inputs, streamer=streamer, timeline=timeline is not None, **gen)
     hippo_s = time.perf_counter() - t0
     with torch.inference_mode():
         t0 = time.perf_counter()
@@ -134,6 +136,11 @@ def run_demo(
         target_s = time.perf_counter() - t0
     pipe.close()
     ours, theirs = out.sequences[0, L:].tolist(), ref[0, L:].tolist()
+    if timeline is not None:
+        from hippo_benchmarks.timeline import draw_timeline
+
+        title = f"hippo demo: {scheduler}, γ={gamma}, {len(ours)} tokens in {hippo_s:.2f} s"
+        timeline = str(draw_timeline(out.stats, timeline, title=title))
     command = [
         "hippo", "generate", "--target", str(pair_dir / "target"), "--draft", str(pair_dir / "draft"),
         "--video", str(path), "--frames", str(frames), "--prompt", question, "--scheduler", scheduler,
@@ -159,6 +166,7 @@ def run_demo(
         "identical": ours == theirs,
         "speedup": target_s / hippo_s if hippo_s > 0 else float("nan"),
         "command": shlex.join(command),
+        "timeline": timeline,
     }
 
 
@@ -179,4 +187,6 @@ def format_comparison(result: dict[str, Any]) -> str:
         "MAT: tokens emitted per target forward in decoding (accepted draft tokens + 1).",
         f"the same answer from the command line:\n  {result['command']}",
     ]
+    if result.get("timeline"):
+        lines.append(f"timeline of hippo's run: {result['timeline']}")
     return "\n".join(lines)

@@ -50,6 +50,10 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _given(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     if args.adapter is not None:
         return _cmd_demo_tiny(args)
@@ -59,15 +63,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from hippo_cli.video_commands import check_output, quiet_transformers, text_streamer, write_json
 
     check_output(None if args.json == "-" else args.json, "--json")
+    check_output(args.timeline, "--timeline")
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json == "-" else print
     with quiet_transformers(args.debug, progress=False):
         result = run_demo(
             seed=args.seed,
             question=args.question,
-            max_new_tokens=args.max_new_tokens or MAX_NEW_TOKENS,
-            gamma=args.gamma or DEFAULT_GAMMA,
-            keep_ratio=args.keep_ratio or DEFAULT_KEEP_RATIO,
+            max_new_tokens=_given(args.max_new_tokens, MAX_NEW_TOKENS),
+            gamma=_given(args.gamma, DEFAULT_GAMMA),
+            keep_ratio=_given(args.keep_ratio, DEFAULT_KEEP_RATIO),
             streamer_factory=None if args.json == "-" else text_streamer,
+            timeline=args.timeline,
             log=log,
         )
     if args.json == "-":
@@ -80,14 +86,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo_tiny(args: argparse.Namespace) -> int:
+    if args.timeline:
+        raise HippoError("--timeline draws the trained pair's run; leave out --adapter to use it")
     from hippo_cli.demo_tiny import format_result, run_demo
 
     result = run_demo(
-        frames=args.frames or 8,
+        frames=_given(args.frames, 8),
         size=args.size,
-        max_new_tokens=args.max_new_tokens or 64,
-        gamma=args.gamma or 5,
-        keep_ratio=args.keep_ratio or 0.2,
+        max_new_tokens=_given(args.max_new_tokens, 64),
+        gamma=_given(args.gamma, 5),
+        keep_ratio=_given(args.keep_ratio, 0.2),
         seed=args.seed,
         adapter=args.adapter,
     )
@@ -288,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--json", metavar="FILE", help="also write the full result as JSON to FILE ('-': JSON on stdout only)"
     )
+    d.add_argument(
+        "--timeline",
+        metavar="FILE.png",
+        help="draw a Gantt chart of hippo's run: target and draft lanes, accepted/rejected drafts, idle time",
+    )
     t = d.add_argument_group("random tiny pairs (a wiring check of a backbone; their speedups mean nothing)")
     t.add_argument(
         "--adapter",
@@ -396,6 +409,11 @@ def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     )
     o.add_argument(
         "--json", metavar="FILE", help="write the answer, its token ids, all stats and settings as JSON"
+    )
+    g.add_argument(
+        "--timeline",
+        metavar="FILE.png",
+        help="draw a Gantt chart of the run (target and draft lanes: prefill, drafting, verification, idle)",
     )
     o.add_argument(
         "--no-progress", action="store_true", help="no progress bars (they only show on a terminal)"

@@ -21,7 +21,7 @@ import attrs
 import torch
 
 from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
-from hippo.checkpoint import check_same_backbone
+from hippo.checkpoint import check_output, check_same_backbone
 from hippo.errors import ConfigError, HippoError
 from hippo.registry import lookup
 from hippo_media.inputs import (
@@ -123,13 +123,6 @@ def check_video_options(args: argparse.Namespace) -> None:
         raise ConfigError(f"--fps must be a finite number > 0, got {args.fps}")
     if args.max_pixels is not None and args.max_pixels < 1:
         raise ConfigError(f"--max-pixels must be >= 1, got {args.max_pixels}")
-
-
-def check_output(path: str | None, flag: str) -> None:
-    if path is not None and Path(path).expanduser().is_dir():
-        raise ConfigError(f"{flag} {path!r} is a directory; pass a file name in it")
-    if path is not None and not Path(path).expanduser().resolve().parent.is_dir():
-        raise ConfigError(f"{flag} {path!r}: its directory does not exist; create it or choose another path")
 
 
 def write_json(path: str, data: dict[str, Any], flag: str = "--json") -> None:
@@ -268,6 +261,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     builder = PipelineBuilder.from_config(cfg)  # names and options are validated here
     gen = generation_kwargs(args)
     check_output(args.json, "--json")
+    check_output(args.timeline, "--timeline")
     needs_draft = lookup("schedulers", cfg.scheduler.name).needs_draft
     progress = not args.no_progress
     with quiet_transformers(args.debug, progress):
@@ -281,13 +275,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
             inputs = build_video_inputs(
                 pipe.target_adapter, tokenizer, clip, args.prompt, max_pixels=args.max_pixels, audio=audio
             )
-            out = pipe.generate(inputs, streamer=streamer, progress=bars, seed=args.seed, **gen)
+            out = pipe.generate(
+                inputs, streamer=streamer, progress=bars, seed=args.seed, timeline=bool(args.timeline), **gen
+            )
         finally:
             bars.close()
         L = int(inputs["input_ids"].shape[-1])
         new = out.sequences[0, L:].tolist()
         s = out.stats
         say(f"[{s.scheduler}] {s.summary()}")
+        if args.timeline:
+            from hippo_benchmarks.timeline import draw_timeline
+
+            say(f"timeline: {draw_timeline(s, args.timeline)}")
         result: dict[str, Any] = {
             "text": tokenizer.decode(new, skip_special_tokens=True),
             "tokens": new,

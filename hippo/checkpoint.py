@@ -2,7 +2,8 @@
 
 `check_checkpoint` is what both `PipelineBuilder` (through `load_model`) and `hippo generate` run
 before `from_pretrained`: a directory, a config.json, and weights whose safetensors headers parse and
-whose declared sizes match the files (only the headers are read).
+whose declared sizes match the files (only the headers are read). `check_output` checks a file
+the user asks to be written (--json, --timeline) before any work is done.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import struct
 from pathlib import Path
 
-from hippo.errors import ModelError
+from hippo.errors import ConfigError, ModelError
 
 WEIGHT_GLOBS = ("*.safetensors", "*.bin")
 MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
@@ -96,4 +97,17 @@ def check_backbone_fits(cls: type, config: object, where: str, pm: object = None
             f"checkpoint {where!r} is a {found.name} model (model_type "
             f"{getattr(config, 'model_type', None)!r}), not {cls.name}; drop --backbone / backbone= "
             f"to detect it, or pass {found.name}"
+        )
+
+
+def check_output(path: str | os.PathLike | None, flag: str) -> None:
+    """Refuse an output file that cannot be written: a directory, or one in a missing directory."""
+    if path is None:
+        return
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} is a directory; pass a file name in it")
+    if not p.resolve().parent.is_dir():
+        raise ConfigError(
+            f"{flag} {str(path)!r}: its directory does not exist; create it or choose another path"
         )

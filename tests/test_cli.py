@@ -18,10 +18,24 @@ import pytest
 import hippo
 import hippo.registry
 import hippo_cli.demo
+import hippo_cli.demo_tiny
 from hippo.errors import PluginError
 from hippo_cli.main import main
 
-SMALL = ["--frames", "4", "--size", "56", "--max-new-tokens", "12", "--gamma", "3", "--keep-ratio", "0.25"]
+SMALL = [
+    "--adapter",
+    "qwen2_5_vl",
+    "--frames",
+    "4",
+    "--size",
+    "56",
+    "--max-new-tokens",
+    "12",
+    "--gamma",
+    "3",
+    "--keep-ratio",
+    "0.25",
+]
 
 
 def _exit_code(argv: list[str]) -> int:
@@ -44,6 +58,8 @@ def test_demo_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> Non
     assert _exit_code(["demo", "--help"]) == 0
     out = capsys.readouterr().out
     for opt in (
+        "--question",
+        "--timeline",
         "--frames",
         "--size",
         "--max-new-tokens",
@@ -55,7 +71,7 @@ def test_demo_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> Non
         "--debug",
     ):
         assert opt in out
-    assert "Exit status 1 if any output differs" in " ".join(out.split())
+    assert "Exit status 1 if the outputs differ" in " ".join(out.split())
 
 
 def test_plugins_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,7 +151,7 @@ def test_demo_text_report(small_demo) -> None:
 
 
 def test_demo_default_self_speculation_accepts_drafts() -> None:
-    result = hippo_cli.demo.run_demo(max_new_tokens=32, repeats=1)
+    result = hippo_cli.demo_tiny.run_demo(max_new_tokens=32, repeats=1)
     assert result["all_identical"]
     assert result["runs"][2]["mat"] > 1.0  # the target agrees with itself on a pruned video
 
@@ -147,14 +163,14 @@ def test_demo_on_every_adapter_with_a_tiny_model(adapter: str) -> None:
         cls.tiny_model("draft")
     except NotImplementedError:
         pytest.skip(f"adapter {adapter!r} ships no tiny model")
-    result = hippo_cli.demo.run_demo(adapter=adapter, frames=4, max_new_tokens=10, repeats=1)
+    result = hippo_cli.demo_tiny.run_demo(adapter=adapter, frames=4, max_new_tokens=10, repeats=1)
     assert result["adapter"] == adapter and result["settings"]["size"] >= 112
     assert result["all_identical"], [r["tokens"] for r in result["runs"]]
 
 
 def test_demo_json_on_stdout(capsys: pytest.CaptureFixture[str], monkeypatch, small_demo) -> None:
-    monkeypatch.setattr(hippo_cli.demo, "run_demo", lambda **kw: small_demo[2])
-    assert main(["demo", "--json", "-"]) == 0
+    monkeypatch.setattr(hippo_cli.demo_tiny, "run_demo", lambda **kw: small_demo[2])
+    assert main(["demo", "--adapter", "qwen2_5_vl", "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out) == small_demo[2]
 
 
@@ -164,14 +180,30 @@ def test_demo_exits_1_when_an_output_differs(
     broken = json.loads(json.dumps(small_demo[2]))
     broken["runs"][1]["identical"] = False
     broken["all_identical"] = False
-    monkeypatch.setattr(hippo_cli.demo, "run_demo", lambda **kw: broken)
-    assert main(["demo"]) == 1
+    monkeypatch.setattr(hippo_cli.demo_tiny, "run_demo", lambda **kw: broken)
+    assert main(["demo", "--adapter", "qwen2_5_vl"]) == 1
     out = capsys.readouterr().out
     assert "all outputs identical: NO" in out
 
 
+def test_demo_on_the_trained_pair(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The default demo, as a new user runs it but shorter: a real clip file, streamed text, identical output."""
+    png = tmp_path / "timeline.png"
+    assert (
+        main(["demo", "--max-new-tokens", "24", "--json", str(tmp_path / "r.json"), "--timeline", str(png)])
+        == 0
+    )
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["identical"] is True and len(result["hippo"]["tokens"]) == 24
+    assert result["clip"]["visual_tokens"] == 576 and Path(result["clip"]["path"]).is_file()
+    assert result["text"] and result["text"] in " ".join(out.split())  # the answer was streamed as text
+    assert "speedup:" in out and "identical output" in out and "hippo generate --target" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_synthetic_video_shape_and_range() -> None:
-    video = hippo_cli.demo.synthetic_video(5, 84, seed=1)
+    video = hippo_cli.demo_tiny.synthetic_video(5, 84, seed=1)
     assert video.shape == (5, 84, 84, 3)
     assert float(video.min()) >= 0.0 and float(video.max()) <= 1.0
     assert float(video[:, 0].min()) == 1.0  # the bright border
@@ -184,11 +216,21 @@ def test_synthetic_video_shape_and_range() -> None:
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["demo", "--size", "50"], "--size must be a positive multiple of 28"),
+        (["demo", "--adapter", "qwen2_5_vl", "--size", "50"], "--size must be a positive multiple of 28"),
+        (["demo", "--adapter", "qwen2_5_vl", "--keep-ratio", "0"], "--keep-ratio must be in (0, 1]"),
+        (["demo", "--adapter", "qwen2_5_vl", "--gamma", "0"], "--gamma must be >= 1"),
+        (["demo", "--adapter", "qwen2_5_vl", "--frames", "0"], "--frames must be >= 1"),
+        (["demo", "--adapter", "qwen2_5_vl", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
         (["demo", "--keep-ratio", "0"], "--keep-ratio must be in (0, 1]"),
         (["demo", "--gamma", "0"], "--gamma must be >= 1"),
-        (["demo", "--frames", "0"], "--frames must be >= 1"),
         (["demo", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["demo", "--question", " "], "--question is empty"),
+        (["demo", "--frames", "8"], "--frames and --size apply to the random tiny pairs"),
+        (
+            ["demo", "--timeline", "/nonexistent-dir/t.png"],
+            "--timeline '/nonexistent-dir/t.png': its directory",
+        ),
+        (["demo", "--adapter", "qwen2_5_vl", "--timeline", "t.png"], "--timeline draws the trained pair"),
     ],
 )
 def test_bad_demo_options(argv, message, capsys: pytest.CaptureFixture[str]) -> None:
@@ -207,7 +249,13 @@ def test_hippo_error_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch
     assert capsys.readouterr().err == "hippo: error: first line second line\n"
 
 
-@pytest.mark.parametrize("argv", [["--debug", "demo", "--size", "50"], ["demo", "--size", "50", "--debug"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--debug", "demo", "--adapter", "qwen2_5_vl", "--size", "50"],
+        ["demo", "--adapter", "qwen2_5_vl", "--size", "50", "--debug"],
+    ],
+)
 def test_debug_shows_the_traceback(argv, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -218,15 +266,17 @@ def test_debug_shows_the_traceback(argv, capsys: pytest.CaptureFixture[str]) -> 
 def test_json_file_that_cannot_be_written(
     capsys: pytest.CaptureFixture[str], monkeypatch, small_demo
 ) -> None:
-    monkeypatch.setattr(hippo_cli.demo, "run_demo", lambda **kw: small_demo[2])
-    assert main(["demo", "--json", str(Path("/nonexistent-dir/x.json"))]) == 2
+    monkeypatch.setattr(hippo_cli.demo_tiny, "run_demo", lambda **kw: small_demo[2])
+    assert main(["demo", "--adapter", "qwen2_5_vl", "--json", str(Path("/nonexistent-dir/x.json"))]) == 2
     assert "cannot write --json file" in capsys.readouterr().err
 
 
 def test_console_script_error_contract() -> None:
     exe = shutil.which("hippo")
     cmd = [exe] if exe else [sys.executable, "-m", "hippo_cli"]
-    proc = subprocess.run([*cmd, "demo", "--size", "50"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*cmd, "demo", "--adapter", "qwen2_5_vl", "--size", "50"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.startswith("hippo: error: --size must be a positive multiple of 28")

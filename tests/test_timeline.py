@@ -6,7 +6,6 @@ non-overlapping within a lane, agree with the round statistics, and cost nothing
 
 from __future__ import annotations
 
-import importlib.util
 import struct
 from pathlib import Path
 
@@ -23,11 +22,9 @@ _MODELS: dict = {}
 
 
 def timeline_module():
-    """cli/timeline.py by path (the `hippo_cli` package mapping comes with the front-end split)."""
-    spec = importlib.util.spec_from_file_location("hippo_cli_timeline", ROOT / "cli" / "timeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import hippo_benchmarks.timeline
+
+    return hippo_benchmarks.timeline
 
 
 def models():
