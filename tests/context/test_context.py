@@ -140,3 +140,46 @@ def test_draft_in_another_process(executor):
             )
     finally:
         pipe.close()
+
+
+def test_text_questions_about_a_video_file(tmp_path):
+    """From a file: text questions through the chat template; turn 1 equals generate on the inputs
+    `video_inputs` builds for that question; turn 2's prompt is the whole conversation rendered by
+    the template (the video expanded in place), and its answer is target.generate's on it."""
+    pytest.importorskip("av")
+    from tiny_checkpoint import save_checkpoint, write_video
+
+    video = write_video(tmp_path / "v.mp4", n=16, fps=8, size=(64, 64))
+    p = save_checkpoint(tmp_path / "target", "qwen2_5_vl", "target", seed=0)
+    q = save_checkpoint(tmp_path / "draft", "qwen2_5_vl", "draft", seed=1)
+    pipe = hippo.PipelineBuilder().target(str(p)).draft(str(q)).scorer("holistic").selector("topk").build()
+    opts = dict(frames=4, max_pixels=56 * 56)
+    ctx = pipe.prepare(video, **opts)
+    q1, q2 = "describe the video .", "what is moving ?"
+    gen = dict(max_new_tokens=6, do_sample=False)
+    one = pipe.video_inputs(video, q1, **opts)
+    out = pipe.ask(ctx, q1, **gen)
+    with torch.inference_mode():
+        assert torch.equal(out.sequences, pipe.target.generate(**one, **gen))
+    conv = ctx.conversation()
+    a1 = conv.ask(q1, **gen)
+    assert torch.equal(a1.sequences, out.sequences)
+    a2 = conv.ask(q2, **gen)
+    tok = ctx.tokenizer
+    answer = tok.decode(a1.sequences[0, one["input_ids"].shape[1] :], skip_special_tokens=True)
+    msgs = [
+        {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": q1}]},
+        {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+        {"role": "user", "content": [{"type": "text", "text": q2}]},
+    ]
+    n = int((one["input_ids"] == 153).sum())
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    ids = tok(text.replace("<|video_pad|>", "<|video_pad|>" * n), add_special_tokens=False, return_tensors="pt")
+    two = dict(one, input_ids=ids["input_ids"], attention_mask=torch.ones_like(ids["input_ids"]))
+    two["mm_token_type_ids"] = (two["input_ids"] == 153).long() * 2
+    L = two["input_ids"].shape[1]
+    assert torch.equal(a2.sequences[0, :L], two["input_ids"][0])
+    with torch.inference_mode():
+        assert torch.equal(a2.sequences, pipe.target.generate(**two, **gen))
+    with pytest.raises(InputError, match="empty"):
+        pipe.ask(ctx, "  ")
