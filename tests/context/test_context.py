@@ -174,7 +174,9 @@ def test_text_questions_about_a_video_file(tmp_path):
     ]
     n = int((one["input_ids"] == 153).sum())
     text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    ids = tok(text.replace("<|video_pad|>", "<|video_pad|>" * n), add_special_tokens=False, return_tensors="pt")
+    ids = tok(
+        text.replace("<|video_pad|>", "<|video_pad|>" * n), add_special_tokens=False, return_tensors="pt"
+    )
     two = dict(one, input_ids=ids["input_ids"], attention_mask=torch.ones_like(ids["input_ids"]))
     two["mm_token_type_ids"] = (two["input_ids"] == 153).long() * 2
     L = two["input_ids"].shape[1]
