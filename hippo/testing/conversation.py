@@ -99,8 +99,10 @@ def run_conversation(
             got, want = new_tokens(out.sequences, prompt.length), new_tokens(ref, prompt.length)
             if got != want or not torch.equal(out.sequences.cpu(), ref.cpu()):
                 fail("the answer is not target.generate's on the whole prompt", turn, got, want)
+            if independent:
+                continue
             history, done = history + question + got, int(out.sequences.shape[1])
-            if not independent and special & set(got):  # a placeholder id cannot be re-fed as text
+            if special & set(got):  # an answer holding a placeholder id cannot be re-fed as text
                 break
         if not unchanged(ctx, snap):
             fail("the context's cached prefix KV changed", len(asked) - 1)
