@@ -148,6 +148,10 @@ class LlavaOnevisionAdapter(AttentionReadout, Adapter):
         positions = torch.arange(L, device=dev)[None]
         return Encoded(input_ids=ids, embeds=embeds, positions=positions, visual=visual, next_position=L)
 
+    def prompt_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, int]:  # -> [1, L], L
+        L = int(inputs["input_ids"].shape[-1])
+        return torch.arange(L, device=self.device)[None], L
+
     @torch.inference_mode()
     def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> KVSession:
         L = encoded.length

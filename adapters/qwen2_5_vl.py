@@ -216,18 +216,7 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
             extras["image"] = feats
             image_pos = (ids == cfg.image_token_id).nonzero().flatten()
             embeds = embeds.index_put((image_pos,), torch.cat(feats.pooler_output).to(embeds.dtype))
-        mm_types = inputs.get("mm_token_type_ids")
-        if mm_types is not None:
-            positions, delta = core.get_rope_index(
-                ids[None],
-                mm_token_type_ids=mm_types.to(dev),
-                image_grid_thw=inputs.get("image_grid_thw"),
-                video_grid_thw=inputs.get("video_grid_thw"),
-                second_per_grid_ts=inputs.get("second_per_grid_ts"),
-            )
-            positions, next_pos = positions[:, 0], int(positions[0, 0, -1]) + 1  # generate(): last + 1
-        else:  # text only: transformers uses plain 1-D positions
-            positions, next_pos = torch.arange(ids.shape[0], device=dev).expand(3, -1), ids.shape[0]
+        positions, next_pos = self.prompt_positions(inputs)
         visual = VisualTokens(embeds=video, seq_index=video_pos, grids=grids)
         return Encoded(
             input_ids=ids,
@@ -237,6 +226,23 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
             next_position=next_pos,
             extras=extras,
         )
+
+    @torch.inference_mode()
+    def prompt_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, int]:  # -> [3, L], next
+        """M-RoPE positions of the whole prompt (no vision encoding), and generate()'s next position."""
+        core, dev = self.model.model, self.device
+        ids = _batch1(inputs, "input_ids").to(dev)
+        mm_types = inputs.get("mm_token_type_ids")
+        if mm_types is None:  # text only: transformers uses plain 1-D positions
+            return torch.arange(ids.shape[0], device=dev).expand(3, -1), ids.shape[0]
+        positions, _ = core.get_rope_index(
+            ids[None],
+            mm_token_type_ids=mm_types.to(dev),
+            image_grid_thw=inputs.get("image_grid_thw"),
+            video_grid_thw=inputs.get("video_grid_thw"),
+            second_per_grid_ts=inputs.get("second_per_grid_ts"),
+        )
+        return positions[:, 0], int(positions[0, 0, -1]) + 1  # generate(): last + 1
 
     @staticmethod
     def keep_mask(encoded: Encoded, keep: torch.Tensor | None) -> torch.Tensor | None:  # -> [L] bool

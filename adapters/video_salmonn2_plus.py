@@ -177,21 +177,28 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
         if audio is not None:
             extras["audio"] = audio  # [A, D]
             extras["audio_index"] = (ids == cfg.audio_token_id).nonzero().flatten()  # [A]
-        positions = mrope_positions(
-            ids.cpu(),
-            cfg,
-            None if thw is None else thw.cpu(),
-            inputs.get("second_per_grid_ts"),
-            self.positions,
-        ).to(dev)  # [3, L]
+        positions, next_pos = self.prompt_positions(inputs)  # [3, L]
         return Encoded(
             input_ids=ids,
             embeds=embeds,
             positions=positions,
             visual=VisualTokens(embeds=video, seq_index=video_pos, grids=grids),
-            next_position=int(positions[0, -1]) + 1,  # generate(): last + 1
+            next_position=next_pos,
             extras=extras,
         )
+
+    def prompt_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, int]:  # -> [3, L], next
+        """The prompt's M-RoPE positions in this adapter's layout (no encoding); generate(): last + 1."""
+        ids = _batch1(inputs, "input_ids")
+        thw = inputs.get("video_grid_thw")
+        positions = mrope_positions(
+            ids.cpu(),
+            self.model.config,
+            None if thw is None else thw.cpu(),
+            inputs.get("second_per_grid_ts"),
+            self.positions,
+        ).to(self.device)
+        return positions, int(positions[0, -1]) + 1
 
 
 @hookimpl

@@ -50,7 +50,9 @@ class DraftSide:
         p = job.pipeline
         same = p.draft_adapter.model is p.target_adapter.model
         policy = job.policy.fork() if own_policy else job.policy
-        side = cls(p.draft_adapter, p.drafter, job.inputs, policy, job.target_encoded if same else None)
+        side = cls(
+            p.draft_adapter, p.drafter, job.inputs, policy, job.target_encoded if same else job.draft_encode
+        )
         side.events = job.events
         return side
 

@@ -30,3 +30,7 @@ class VideoError(InputError):
 
 class UnsupportedError(HippoError, NotImplementedError):
     """A generation feature hippo cannot keep lossless (beam search, some logits processors...)."""
+
+
+class MemoryBudgetError(HippoError, MemoryError):
+    """A video context would not fit: its KV cache and features exceed the memory left or the budget."""

@@ -133,6 +133,27 @@ class Scorer(Component):
         """
         return nullcontext()
 
+    def observed(self) -> Any:
+        """What the last observed prefill recorded (opaque; a video context keeps it), or None."""
+        return None
+
+    def observe_target_extension(
+        self, adapter: Adapter, encoded: Encoded, start: int, prior: Any
+    ) -> AbstractContextManager:
+        """Like `observe_target_prefill`, around a forward of only the rows start..L-1 of `encoded`.
+
+        Rows 0..start-1 come from a cached prefix (a video context) whose prefill was observed
+        earlier: `prior` is what `observed()` returned then. A scorer that reads the target's prefill
+        must override this too, or it cannot be used with video contexts.
+        """
+        if type(self).observe_target_prefill is Scorer.observe_target_prefill:
+            return nullcontext()
+        raise UnsupportedError(
+            f"scorer {type(self).__name__} reads the target's prefill but cannot read a cached video "
+            "context's extension; use Pipeline.generate, or a scorer that implements "
+            "observe_target_extension"
+        )
+
 
 class Selector(Component):
     """Turns scores (or none) into the ascending indices of the visual tokens the draft keeps."""
@@ -205,6 +226,8 @@ class ScoringContext:
     adapter: Adapter
     encoded: Encoded  # the target's encoded prompt
     target: ModelSession | None = None  # prefilled target (KV cache), when available
+    #: per-video memo (a video context's): question-independent scores may be kept here across questions
+    memo: dict | None = None
 
 
 @attrs.frozen
@@ -312,6 +335,27 @@ class Adapter(ABC):
             f"adapter {self.name!r} cannot build its inputs from a video file; run the model's own "
             "processor and call Pipeline.generate(inputs) instead"
         )
+
+    # ---- video contexts (Pipeline.prepare / ask): a cached prefix extended by a question ----------
+    def prompt_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, int]:
+        """(position ids [P, L] of the whole prompt, position of the first generated token), as `encode`
+        computes them. This default runs `encode`; adapters override it to skip the vision encoder."""
+        encoded = self.encode(inputs)
+        return encoded.positions, encoded.next_position
+
+    def shared_prefix_length(self, input_ids: torch.Tensor) -> int:  # input_ids [L]
+        """Tokens up to and including the last multimodal placeholder (video, image, audio): the prefix
+        whose KV does not depend on the question that follows. 0 if there is none."""
+        cfg = self.model.config
+        names = ("video_token_id", "image_token_id", "audio_token_id")
+        media = {int(v) for n in names for v in [getattr(cfg, n, None)] if isinstance(v, int)}
+        hits = torch.isin(input_ids.cpu(), torch.tensor(sorted(media), dtype=torch.long)).nonzero()
+        return int(hits.max()) + 1 if hits.numel() else 0
+
+    def embed_text(self, ids: torch.Tensor) -> torch.Tensor:  # ids [k] -> [k, D]
+        """Input embeddings of plain text tokens (what `encode` puts at non-visual rows)."""
+        with torch.inference_mode():
+            return self.model.get_input_embeddings()(ids.to(self.device))
 
     @abstractmethod
     def vocab_size(self) -> int: ...

@@ -15,6 +15,7 @@ from hippo.interfaces import ModelSession, Scorer, ScoringContext, Verifier
 from hippo.types import DraftProposal, Stats, Verdict
 
 if TYPE_CHECKING:
+    from hippo.context import Turn
     from hippo.pipeline import Pipeline
     from hippo.sampling import TokenPolicy
 
@@ -38,6 +39,7 @@ class DecodeJob:
         streamer: Any = None,
         progress: Callable[[str, str], None] | None = None,  # progress(stage, "start" | "end")
         record_events: bool = False,  # book every piece of work on stats.events (a timeline)
+        turn: Turn | None = None,  # a question on a video context: encoded and prefilled from its cache
     ):
         self.pipeline = pipeline
         self.inputs = inputs
@@ -48,6 +50,7 @@ class DecodeJob:
         self.eos_ids = frozenset(int(e) for e in eos_ids)
         self.streamer = streamer
         self.progress = progress
+        self.turn = turn
         self.tokens: list[int] = []
         self.stats = Stats()
         self.done = max_new_tokens <= 0
@@ -100,8 +103,11 @@ class DecodeJob:
     def target_encoded(self):
         if self._target_encoded is None:
             t0 = time.perf_counter()
-            with self.stage("vision encoding"):
-                self._target_encoded = self.pipeline.target_adapter.encode(self.inputs)
+            if self.turn is not None:  # the video was encoded once, by the context
+                self._target_encoded = self.turn.target_encoded()
+            else:
+                with self.stage("vision encoding"):
+                    self._target_encoded = self.pipeline.target_adapter.encode(self.inputs)
             self.stats.seconds_target_prefill += time.perf_counter() - t0
             if self.events is not None:
                 self.events.add("target", "vision", t0)
@@ -113,9 +119,15 @@ class DecodeJob:
             encoded = self.target_encoded()
             adapter, scorer = self.pipeline.target_adapter, self.pipeline.scorer
             t0 = time.perf_counter()
-            observe = scorer.observe_target_prefill(adapter, encoded) if scorer is not None else nullcontext()
-            with observe, self.stage("target prefill"):
-                self._target = adapter.prefill(encoded, keep=None)
+            if self.turn is not None:  # only the question's tokens, after the cached prefix
+                with self.stage("target prefill"):
+                    self._target = self.turn.prefill_target(scorer)
+            else:
+                observe = (
+                    scorer.observe_target_prefill(adapter, encoded) if scorer is not None else nullcontext()
+                )
+                with observe, self.stage("target prefill"):
+                    self._target = adapter.prefill(encoded, keep=None)
             self.stats.seconds_target_prefill += time.perf_counter() - t0
             if self.events is not None:
                 self.events.add("target", "prefill", t0)
@@ -128,7 +140,8 @@ class DecodeJob:
         p = self.pipeline
         scores = None
         if scorer is not None:
-            ctx = ScoringContext(adapter=p.target_adapter, encoded=encoded, target=self._target)
+            memo = None if self.turn is None else self.turn.memo
+            ctx = ScoringContext(adapter=p.target_adapter, encoded=encoded, target=self._target, memo=memo)
             scores = scorer.score(encoded.visual, ctx)
         keep = p.selector.select(encoded.visual, scores, self.policy.generator)
         self.stats.seconds_pruning += time.perf_counter() - t0
@@ -142,6 +155,12 @@ class DecodeJob:
         if self.kept is None:
             self.kept = self.select(self.pipeline.scorer)
         return self.kept
+
+    @property
+    def draft_encode(self) -> Callable[[], Any] | None:
+        """How the draft (a model other than the target) gets its encoded prompt: None = encode
+        `inputs`; a video context's question = extend the draft's cached video encoding."""
+        return None if self.turn is None else self.turn.draft_encoded
 
     def draft_side(self) -> DraftSide:
         """The draft side in this thread, prefilled on the pruned visual tokens (once per job)."""

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import weakref
+from collections.abc import Callable, Sequence
 from os import PathLike
 from typing import Any
 
 import torch
 from transformers import GenerationConfig
 
+from hippo.context import Turn, VideoContext, build_context
+from hippo.conversation import Conversation, Question, as_ids, text_question_ids
 from hippo.errors import ConfigError, InputError
-from hippo.events import EventLog
 from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, Verifier
 from hippo.job import DecodeJob
 from hippo.registry import lookup, plugin_manager
@@ -45,6 +48,9 @@ class Pipeline:
         self.scheduler = scheduler
         self.names = names or {}
         self._closed = False
+        #: bytes all live video contexts may hold together (None: only the device's free memory limits)
+        self.context_budget: int | None = None
+        self._contexts: weakref.WeakSet = weakref.WeakSet()
 
     @property
     def target(self) -> torch.nn.Module:
@@ -81,8 +87,14 @@ class Pipeline:
         `streamer` gets `put(prompt ids)`, `put(new ids)` as tokens are accepted, then `end()`, as in
         transformers. `progress(stage, "start" | "end")` is told when the long steps ("vision encoding",
         "target prefill", "draft prefill") start and end. `timeline=True` books every piece of
-        work of both models on `stats.events` (`hippo.events`; drawn by `hippo_cli.timeline`).
+        work of both models on `stats.events` (`hippo.events`; drawn by `hippo_benchmarks.timeline`).
         """
+        self._check_inputs(inputs)
+        return self._decode(
+            inputs, None, generation_config, seed, generator, streamer, progress, timeline, generation_kwargs
+        )
+
+    def _check_inputs(self, inputs: dict[str, Any]) -> None:
         if self._closed:
             raise InputError("this pipeline is closed; build a new one")
         if not hasattr(inputs, "get") or inputs.get("input_ids") is None:
@@ -97,6 +109,21 @@ class Pipeline:
             raise InputError(
                 "attention_mask has padding; hippo decodes a single unpadded prompt (batch size 1)"
             )
+
+    def _decode(
+        self,
+        inputs: dict[str, Any],
+        turn: Turn | None,
+        generation_config: GenerationConfig | None,
+        seed: int | None,
+        generator: torch.Generator | None,
+        streamer: Any,
+        progress: Callable[[str, str], None] | None,
+        timeline: bool,
+        generation_kwargs: dict[str, Any],
+    ) -> GenerateOutput:
+        """One prompt through a DecodeJob and the scheduler (`turn`: from a video context's cache)."""
+        ids = inputs["input_ids"]
         prompt = ids[0].cpu()
         L = prompt.shape[0]
         ctx = self.target_adapter.context_length()
@@ -114,11 +141,19 @@ class Pipeline:
         if streamer is not None:
             streamer.put(prompt)
         job = DecodeJob(
-            self, inputs, prompt, policy, self._verifier_for(gc.do_sample), max_new, eos, streamer, progress
+            self,
+            inputs,
+            prompt,
+            policy,
+            self._verifier_for(gc.do_sample),
+            max_new,
+            eos,
+            streamer,
+            progress,
+            record_events=timeline,
+            turn=turn,
         )
         job.stats.scheduler = self.names.get("scheduler", type(self.scheduler).__name__)
-        if timeline:
-            job.events = EventLog()
         try:
             self.scheduler.run(job)
         finally:
@@ -183,10 +218,111 @@ class Pipeline:
             )
         return inputs
 
+    # ---- video contexts: encode a video once, answer many questions ---------------------------------
+    def prepare(
+        self,
+        source: dict[str, Any] | str | PathLike,
+        *,
+        tokenizer: Any = None,
+        frames: int | None = None,
+        fps: float | None = None,
+        max_pixels: int | None = None,
+        progress: Callable[..., None] | None = None,
+    ) -> VideoContext:
+        """Encode a video and prefill its shared prefix once, for `ask` and `conversation`.
+
+        `source` is processor inputs of a prompt holding the video (everything after the video's
+        last placeholder token is dropped: ask with the question's token ids), or a video file
+        (`video_inputs` options; text questions then use `tokenizer`, default the checkpoint's).
+        Raises MemoryBudgetError when the context would exceed `context_budget` or free memory.
+        """
+        if isinstance(source, str | PathLike):
+            if tokenizer is None:
+                tokenizer = self._checkpoint_tokenizer()
+            source = self.video_inputs(
+                source,
+                "?",  # cut off: only the prefix up to the end of the video is kept
+                tokenizer=tokenizer,
+                frames=frames,
+                fps=fps,
+                max_pixels=max_pixels,
+                progress=progress,
+            )
+        self._check_inputs(source)
+        ctx = build_context(self, source, tokenizer=tokenizer, stage=self._stage(progress))
+        self._contexts.add(ctx)
+        return ctx
+
+    def ask(self, ctx: VideoContext, question: Question, **generation_kwargs: Any) -> GenerateOutput:
+        """Answer one question about a prepared video; returns what `generate` returns on the whole
+        prompt (the cached prefix + the question). `question`: text (chat template, one user turn)
+        or token ids (appended after the prefix). The context is left unchanged."""
+        if isinstance(question, str):
+            return self.ask_ids(ctx, text_question_ids(ctx, [(question, None)]), **generation_kwargs)
+        return self.ask_ids(ctx, as_ids(question), **generation_kwargs)
+
+    def ask_ids(
+        self,
+        ctx: VideoContext,
+        question: Sequence[int] | torch.Tensor,  # [k] token ids after the prefix
+        generation_config: GenerationConfig | None = None,
+        *,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        streamer: Any = None,
+        progress: Callable[[str, str], None] | None = None,
+        timeline: bool = False,
+        **generation_kwargs: Any,
+    ) -> GenerateOutput:
+        """`ask` with the exact tokens that follow the cached prefix."""
+        if ctx.pipeline is not self:
+            raise InputError("this video context was prepared by another pipeline; prepare it with this one")
+        turn = Turn(ctx, as_ids(question))
+        self._check_inputs(turn.inputs)
+        return self._decode(
+            turn.inputs,
+            turn,
+            generation_config,
+            seed,
+            generator,
+            streamer,
+            progress,
+            timeline,
+            generation_kwargs,
+        )
+
+    def conversation(self, ctx: VideoContext) -> Conversation:
+        """A multi-turn conversation about a prepared video (each answer sees the earlier turns)."""
+        return Conversation(self, ctx)
+
+    def _stage(self, progress: Callable[..., None] | None) -> Callable[[str], Any]:
+        @contextlib.contextmanager
+        def stage(name: str):
+            if progress is not None:
+                progress(name, "start")
+            yield
+            if progress is not None:
+                progress(name, "end")
+
+        return stage
+
+    def _checkpoint_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        path = getattr(self.target.config, "_name_or_path", "") or ""
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except Exception as exc:
+            raise InputError(
+                f"no tokenizer could be loaded from the target's checkpoint {path!r} ({exc}); pass tokenizer="
+            ) from exc
+
     def close(self) -> None:
         """Release the models and any workers; the pipeline cannot generate afterwards."""
         if not self._closed:
             self.scheduler.close()
+            for ctx in list(self._contexts):
+                ctx.close()
         self._closed = True
         self.target_adapter = self.draft_adapter = None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -114,6 +115,16 @@ class KVSession(ModelSession):
             self.generated.extend(tokens[rows].tolist())
             self.last_logits = logits[int(rows[-1])]
 
+    def extend_prompt(self, tokens: torch.Tensor) -> None:  # tokens [k]
+        """Feed `tokens` as more prompt (a question after a cached video prefix): afterwards the
+        prompt ends after them, and their forward counts as prefill, not decoding."""
+        if self.generated:
+            raise ValueError("extend_prompt must come before any generated token")
+        if tokens.numel():
+            self.forward(tokens)
+        self.prompt_length, self.prompt_logits = self.length, self.last_logits
+        self.generated, self.seconds_decode, self.forwards = [], 0.0, 0
+
     def rollback(self, length: int) -> None:
         if length < self.prompt_length:
             raise ValueError(f"cannot roll back into the prompt ({length} < {self.prompt_length})")
@@ -129,3 +140,18 @@ class KVSession(ModelSession):
 
     def close(self) -> None:
         self.cache = None
+
+
+def fork_cache(cache: Any) -> Any:
+    """A copy-on-write view of a transformers `DynamicCache`: it shares the tensors of `cache`.
+
+    The dynamic layers grow by `torch.cat` and shrink by slicing (`crop`, and `KVSession.keep`'s
+    `index_select`), which all rebind new tensors on the fork's own layer objects and never write
+    into the shared ones, so the original's entries stay exactly as they were.
+    """
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise UnsupportedError("a video context needs a transformers Cache with `.layers` (DynamicCache)")
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in layers]
+    return out

@@ -207,13 +207,37 @@ class AttentionScorer(Scorer):
     def observe_target_prefill(self, adapter: Adapter, encoded: Encoded) -> contextlib.AbstractContextManager:
         return self._observe(adapter, encoded)
 
+    def observed(self) -> _Capture | None:
+        return self._capture
+
+    def observe_target_extension(
+        self, adapter: Adapter, encoded: Encoded, start: int, prior: Any
+    ) -> contextlib.AbstractContextManager:
+        """Capture the query rows start..L-1 from a forward of those rows only; the rows before
+        `start` (a video context's cached prefix) come from `prior`, its prefill's capture."""
+        return self._observe(adapter, encoded, start, prior)
+
     @contextlib.contextmanager
-    def _observe(self, adapter: Adapter, encoded: Encoded) -> Iterator[None]:
+    def _observe(
+        self, adapter: Adapter, encoded: Encoded, start: int = 0, prior: _Capture | None = None
+    ) -> Iterator[None]:
         modules = self._modules(adapter)
         layers = self._layers(len(modules))
         rows = query_rows(encoded, self.config.queries)
+        old = rows[rows < start]
+        if start and (
+            prior is None
+            or prior.layers != layers
+            or not torch.equal(prior.rows.cpu(), old)
+            or prior.problems
+        ):
+            raise InputError(
+                "the attention scorer has no usable capture of the video context's prefix (it was prepared "
+                "with another scorer configuration); prepare the context with this pipeline"
+            )
         cap = _Capture(encoded=weakref.ref(encoded), rows=rows, layers=layers)
-        L = encoded.length
+        L = encoded.length - start  # the forward sees rows start..L-1 only
+        new_rows = rows[rows >= start] - start  # [T_new] rows of this forward
 
         def make_hook(layer: int):
             def hook(module, args, kwargs):  # forward pre-hook: reads, never modifies
@@ -229,8 +253,12 @@ class AttentionScorer(Scorer):
                     )
                     return None
                 with torch.no_grad():
-                    cap.hidden[layer] = _rows_2d(hidden, rows, L)
-                    cap.cos_sin[layer] = (_rows_2d(pe[0], rows, L), _rows_2d(pe[1], rows, L))
+                    h = _rows_2d(hidden, new_rows, L)
+                    cs = (_rows_2d(pe[0], new_rows, L), _rows_2d(pe[1], new_rows, L))
+                    if start:  # the cached prefix's rows first
+                        h = torch.cat([prior.hidden[layer].to(h), h])
+                        cs = tuple(torch.cat([a.to(b), b]) for a, b in zip(prior.cos_sin[layer], cs))
+                    cap.hidden[layer], cap.cos_sin[layer] = h, cs
                 return None
 
             return hook
@@ -241,6 +269,8 @@ class AttentionScorer(Scorer):
         finally:
             for h in handles:
                 h.remove()
+        if start and start == encoded.length:  # nothing after the prefix: no forward ran
+            cap.hidden, cap.cos_sin = dict(prior.hidden), dict(prior.cos_sin)
         self._capture = cap
 
     # ---- scoring --------------------------------------------------------------------------

@@ -8,6 +8,7 @@ chunk, whatever the video length. Cosines are computed in float32 (float64 for f
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import attrs
@@ -38,6 +39,17 @@ def _frames(visual: VisualTokens, video: Video, f0: int, f1: int) -> torch.Tenso
     return x.to(compute_dtype(x.dtype)).reshape(f1 - f0, video.frame_size, -1)
 
 
+def memoized(scorer: Scorer, visual: VisualTokens, context: ScoringContext | None, fn: Any) -> torch.Tensor:
+    """`fn(visual)`, kept in the context's per-video memo (a video context computes it once)."""
+    memo = None if context is None else context.memo
+    if memo is None:
+        return fn(visual)
+    key = (type(scorer).__qualname__, scorer.config, id(visual))
+    if key not in memo:
+        memo[key] = fn(visual)
+    return memo[key]
+
+
 # ---- temporal (eqs. 3-4) --------------------------------------------------------------------
 
 
@@ -53,8 +65,11 @@ class TemporalScorer(Scorer):
         #: frames are streamed in chunks of about this many tokens (bounds the extra memory)
         chunk_tokens: int = attrs.field(default=32768, validator=positive_int)
 
-    @torch.inference_mode()
     def score(self, visual: VisualTokens, context: ScoringContext | None = None) -> torch.Tensor:  # -> [N]
+        return memoized(self, visual, context, self._score)
+
+    @torch.inference_mode()
+    def _score(self, visual: VisualTokens) -> torch.Tensor:  # -> [N]
         dtype = compute_dtype(visual.embeds.dtype)
         out = torch.zeros(visual.n, dtype=dtype, device=visual.embeds.device)
         for v in videos(visual):
@@ -136,8 +151,11 @@ class SpatialScorer(Scorer):
         crop_mode: str = attrs.field(default="tile", validator=one_of(*CROP_MODES))
         chunk_tokens: int = attrs.field(default=16384, validator=positive_int)
 
-    @torch.inference_mode()
     def score(self, visual: VisualTokens, context: ScoringContext | None = None) -> torch.Tensor:  # -> [N]
+        return memoized(self, visual, context, self._score)
+
+    @torch.inference_mode()
+    def _score(self, visual: VisualTokens) -> torch.Tensor:  # -> [N]
         dtype = compute_dtype(visual.embeds.dtype)
         out = torch.zeros(visual.n, dtype=dtype, device=visual.embeds.device)
         fn = self._tiles if self.config.crop_mode == "tile" else self._windows
@@ -288,6 +306,14 @@ class HolisticScorer(Scorer):
         if "attention" in self.parts:
             return self.parts["attention"].observe_target_prefill(adapter, encoded)
         return super().observe_target_prefill(adapter, encoded)
+
+    def observed(self) -> Any:
+        return self.parts["attention"].observed() if "attention" in self.parts else None
+
+    def observe_target_extension(self, adapter: Adapter, encoded: Encoded, start: int, prior: Any):
+        if "attention" in self.parts:
+            return self.parts["attention"].observe_target_extension(adapter, encoded, start, prior)
+        return contextlib.nullcontext()
 
     def component_scores(self, visual: VisualTokens, context: ScoringContext) -> dict[str, torch.Tensor]:
         """Each component's raw score [N], before normalisation."""

@@ -1,0 +1,340 @@
+"""Video contexts: encode a video once, answer many questions from its cached prefix.
+
+`Pipeline.prepare(inputs)` keeps, for the shared prefix (every token up to and including the last
+multimodal placeholder, i.e. everything before the first question-dependent token):
+- the target p's encoded prefix (vision features, embeddings, positions) and its KV cache;
+- what the pipeline's scorer observed during that prefill (the attention scorer's prefix rows);
+- a per-video memo where question-independent scores (temporal, spatial) are kept;
+- lazily, the draft q's encoded prefix (its own vision features), when q is another model.
+
+A question (`Turn`) extends the prefix by its tokens only: p's session is a copy-on-write fork of
+the cached KV (`fork_cache`) fed the question's tokens at the positions the adapter computes for
+the whole prompt, so the cached prefix is never written. The draft is prefilled on the whole
+pruned prompt by the one draft path (`DraftSide.prefill`), from its cached encoding. Everything
+else is `DecodeJob` and the schedulers, unchanged. Notation: P = prefix length, L = full prompt
+length, k = question tokens, N = visual tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import torch
+
+from hippo.errors import InputError, MemoryBudgetError
+from hippo.interfaces import Adapter, Encoded, Scorer
+from hippo.session import KVSession, fork_cache
+
+if TYPE_CHECKING:
+    from hippo.pipeline import Pipeline
+
+#: [1, L] tensors of processor inputs that follow the prompt's tokens, and the value a text token gets
+PER_TOKEN = {"input_ids": None, "attention_mask": 1, "mm_token_type_ids": 0, "token_type_ids": 0}
+
+MiB = 2**20
+
+
+def truncate_inputs(inputs: dict[str, Any], length: int) -> dict[str, Any]:
+    """The processor inputs of the prompt's first `length` tokens (the video's tensors unchanged)."""
+    return {k: (v[:, :length] if k in PER_TOKEN and v is not None else v) for k, v in inputs.items()}
+
+
+def extend_inputs(inputs: dict[str, Any], question: torch.Tensor) -> dict[str, Any]:  # question [k]
+    """The processor inputs of the prompt followed by the text tokens `question`."""
+    out = dict(inputs)
+    q = question.view(1, -1)
+    for key, fill in PER_TOKEN.items():
+        v = inputs.get(key)
+        if v is None:
+            continue
+        tail = q.to(v) if fill is None else torch.full((1, q.shape[1]), fill, dtype=v.dtype, device=v.device)
+        out[key] = torch.cat([v, tail], dim=1)
+    return out
+
+
+def extend_encoded(
+    adapter: Adapter, prefix: Encoded, inputs: dict[str, Any], question: torch.Tensor
+) -> Encoded:
+    """`prefix` (the encoded shared prefix) followed by the text tokens `question` [k]: embeddings
+    of those tokens, and the whole prompt's positions as the adapter computes them (no vision)."""
+    positions, next_position = adapter.prompt_positions(inputs)  # [R, L]
+    P = prefix.length
+    if not torch.equal(positions[:, :P].to(prefix.positions.device), prefix.positions):
+        raise InputError(
+            "the question changes the positions of the cached video prefix; this backbone's prompt cannot be "
+            "split at the end of the video, use Pipeline.generate on the whole prompt"
+        )
+    q = question.to(prefix.input_ids.device, torch.long)
+    embeds = adapter.embed_text(q).to(prefix.embeds)  # [k, D]
+    return attrs.evolve(
+        prefix,
+        input_ids=torch.cat([prefix.input_ids, q]),
+        embeds=torch.cat([prefix.embeds, embeds]),
+        positions=positions.to(prefix.positions.device),
+        next_position=next_position,
+    )
+
+
+def tensor_bytes(*objs: Any) -> int:
+    """Bytes of the distinct tensor storages reachable from `objs` (dicts, sequences, attrs, outputs)."""
+    seen: set[int] = set()
+    total = 0
+
+    def walk(x: Any) -> None:
+        nonlocal total
+        if isinstance(x, torch.Tensor):
+            storage = x.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                walk(v)
+        elif attrs.has(type(x)):
+            for a in attrs.fields(type(x)):
+                walk(getattr(x, a.name))
+        elif hasattr(x, "layers"):  # a transformers cache
+            for layer in x.layers:
+                walk([getattr(layer, "keys", None), getattr(layer, "values", None)])
+
+    for o in objs:
+        walk(o)
+    return total
+
+
+def estimate_bytes(adapter: Adapter, prefix_length: int) -> int:
+    """A prefix of `prefix_length` tokens: its KV (2 · layers · kv heads · head dim per token) plus
+    about three [P, D] feature tensors (embeddings, visual rows, the vision output). An estimate."""
+    cfg = adapter.model.config.get_text_config()
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    elem = next(adapter.model.parameters()).element_size()
+    kv = 2 * int(cfg.num_hidden_layers) * kv_heads * head_dim * elem
+    return prefix_length * (kv + 3 * int(cfg.hidden_size) * elem)
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory on `device` (CUDA: the allocator's view; CPU: MemAvailable), or None if unknown."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class VideoContext:
+    """The cached shared prefix of one video prompt. Build it with `Pipeline.prepare`.
+
+    `memory()` reports the bytes it holds; `close()` frees them. Questions never change it.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        inputs: dict[str, Any],  # the prefix's processor inputs (input_ids [1, P])
+        encoded: Encoded,  # p's encoded prefix
+        session: KVSession,  # p's prefill of the prefix (its cache is the shared one)
+        capture: Any,  # what the scorer observed during that prefill
+        tokenizer: Any = None,
+    ):
+        self.pipeline = pipeline
+        self.inputs = inputs
+        self.encoded = encoded
+        self.cache = session.cache
+        self.prefix_logits = session.prompt_logits  # [V]
+        self.capture = capture
+        self.tokenizer = tokenizer
+        self.memo: dict = {}  # question-independent scores (ScoringContext.memo)
+        self._draft_encoded: Encoded | None = None
+        self._lock = threading.Lock()
+        self.closed = False
+
+    @property
+    def length(self) -> int:
+        """P: tokens in the cached prefix."""
+        return self.encoded.length
+
+    @property
+    def prefix_ids(self) -> torch.Tensor:  # [P]
+        return self.encoded.input_ids.cpu()
+
+    def draft_encoded(self) -> Encoded:
+        """q's encoded prefix (its own vision features), computed on first use and kept."""
+        with self._lock:
+            if self._draft_encoded is None:
+                self._check_open()
+                self._draft_encoded = self.pipeline.draft_adapter.encode(self.inputs)
+            return self._draft_encoded
+
+    def memory(self) -> dict[str, int]:
+        """Bytes held: "kv" (p's cache), "features" (p's encoded prefix, scorer capture, memo),
+        "draft_features" (q's encoded prefix, once used), "total"."""
+        if self.closed:
+            return {"kv": 0, "features": 0, "draft_features": 0, "total": 0}
+        kv = tensor_bytes(self.cache)
+        feats = tensor_bytes(self.encoded, self.prefix_logits, self.memo, _capture_tensors(self.capture))
+        draft = tensor_bytes(self._draft_encoded) if self._draft_encoded is not None else 0
+        return {"kv": kv, "features": feats, "draft_features": draft, "total": kv + feats + draft}
+
+    @property
+    def nbytes(self) -> int:
+        return self.memory()["total"]
+
+    def conversation(self) -> Any:
+        """A multi-turn `Conversation` about this video."""
+        from hippo.conversation import Conversation
+
+        return Conversation(self.pipeline, self)
+
+    def close(self) -> None:
+        """Free the cached KV and features; the context cannot answer afterwards."""
+        self.closed = True
+        self.cache = self.encoded = self.capture = self._draft_encoded = self.prefix_logits = None
+        self.memo = {}
+        self.pipeline._contexts.discard(self)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise InputError("this video context is closed; prepare the video again")
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "VideoContext(closed)"
+        m = self.memory()
+        return (
+            f"VideoContext(prefix={self.length} tokens, visual={self.encoded.visual.n}, "
+            f"kv={m['kv'] / MiB:.1f} MiB, features={(m['features'] + m['draft_features']) / MiB:.1f} MiB)"
+        )
+
+
+def _capture_tensors(capture: Any) -> Any:
+    if capture is None:
+        return None
+    return [getattr(capture, "hidden", None), getattr(capture, "cos_sin", None)]
+
+
+@contextmanager
+def _memory_errors(what: str) -> Iterator[None]:
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:
+        raise MemoryBudgetError(
+            f"out of memory while {what}: {exc}; close other video contexts (ctx.close()), use fewer frames "
+            "or a lower resolution (max_pixels)"
+        ) from exc
+
+
+def build_context(
+    pipe: Pipeline,
+    inputs: dict[str, Any],
+    *,
+    tokenizer: Any = None,
+    stage: Callable[[str], Any] | None = None,
+) -> VideoContext:
+    """Encode and prefill the shared prefix of `inputs` for `pipe` (see `Pipeline.prepare`)."""
+    adapter = pipe.target_adapter
+    P = adapter.shared_prefix_length(inputs["input_ids"][0])
+    if P == 0:
+        raise InputError("the prompt has no video (no multimodal placeholder token); use Pipeline.generate")
+    check_budget(pipe, estimate_bytes(adapter, P), P)
+    stage = stage or (lambda name: nullcontext())
+    prefix = truncate_inputs(inputs, P)
+    scorer: Scorer | None = pipe.scorer
+    with _memory_errors("preparing the video context"):
+        with stage("vision encoding"):
+            encoded = adapter.encode(prefix)
+        vis = encoded.visual.seq_index
+        if vis.numel() and int(vis.max()) >= P:
+            raise InputError(f"visual tokens run past the shared prefix ({int(vis.max())} >= {P})")
+        observe = scorer.observe_target_prefill(adapter, encoded) if scorer is not None else nullcontext()
+        with observe, stage("target prefill"):
+            session = adapter.prefill(encoded, keep=None)
+    capture = scorer.observed() if scorer is not None else None
+    return VideoContext(pipe, prefix, encoded, session, capture, tokenizer)
+
+
+def check_budget(pipe: Pipeline, estimate: int, prefix_length: int) -> None:
+    """Refuse a new context that would exceed `pipe.context_budget` or the device's free memory."""
+    live = [c for c in list(pipe._contexts) if not c.closed]
+    held = sum(c.nbytes for c in live)
+    budget = pipe.context_budget
+    what = f"a video context of {prefix_length} tokens needs about {estimate / MiB:.1f} MiB (KV + features)"
+    if budget is not None and held + estimate > budget:
+        raise MemoryBudgetError(
+            f"{what}, but {len(live)} live context(s) hold {held / MiB:.1f} MiB of the budget of "
+            f"{budget / MiB:.1f} MiB; close a context (ctx.close()) or raise Pipeline.context_budget"
+        )
+    free = available_bytes(next(pipe.target.parameters()).device)
+    if free is not None and estimate > free:
+        raise MemoryBudgetError(
+            f"{what}, but only {free / MiB:.1f} MiB are free on the device; close video contexts "
+            "(ctx.close()), use fewer frames or a lower resolution (max_pixels)"
+        )
+
+
+class Turn:
+    """One question on a video context: what `DecodeJob` needs instead of encoding and prefilling."""
+
+    def __init__(self, ctx: VideoContext, question: torch.Tensor):  # question [k] token ids
+        ctx._check_open()
+        self.ctx = ctx
+        self.question = question.cpu().long()
+        self.inputs = extend_inputs(ctx.inputs, self.question)
+        self.memo = ctx.memo
+        self._target: Encoded | None = None
+        self._draft: Encoded | None = None
+
+    @property
+    def prompt_ids(self) -> torch.Tensor:  # [L]
+        return self.inputs["input_ids"][0].cpu()
+
+    def target_encoded(self) -> Encoded:
+        if self._target is None:
+            adapter = self.ctx.pipeline.target_adapter
+            self._target = extend_encoded(adapter, self.ctx.encoded, self.inputs, self.question)
+        return self._target
+
+    def draft_encoded(self) -> Encoded:
+        if self._draft is None:
+            adapter = self.ctx.pipeline.draft_adapter
+            self._draft = extend_encoded(adapter, self.ctx.draft_encoded(), self.inputs, self.question)
+        return self._draft
+
+    def prefill_target(self, scorer: Scorer | None) -> KVSession:
+        """p's session on the whole prompt: a fork of the cached prefix fed only the question."""
+        adapter = self.ctx.pipeline.target_adapter
+        encoded = self.target_encoded()
+        P, L = self.ctx.length, encoded.length
+        full = encoded.positions.cpu()  # [R, L]
+        delta = encoded.next_position - L
+
+        def positions(start: int, k: int) -> torch.Tensor:  # -> [R, 1, k] (M-RoPE) or [1, k]
+            idx = torch.arange(start, start + k)
+            out = torch.where(idx < L, full[:, idx.clamp(max=L - 1)], idx + delta)  # [R, k]
+            return out if out.shape[0] == 1 else out[:, None, :]
+
+        session = KVSession(
+            adapter.model, fork_cache(self.ctx.cache), self.ctx.prefix_logits, P, P, positions
+        )
+        observe = (
+            scorer.observe_target_extension(adapter, encoded, P, self.ctx.capture)
+            if scorer is not None
+            else nullcontext()
+        )
+        with observe, _memory_errors("prefilling the question"):
+            session.extend_prompt(self.question)
+        return session
