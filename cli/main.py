@@ -185,14 +185,15 @@ def _cmd_bias(args: argparse.Namespace) -> int:
     return cmd_bias(args)
 
 
-def _video_args(p: argparse.ArgumentParser) -> None:
+def _video_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:
     g = p.add_argument_group("video")
     g.add_argument(
         "--video", required=True, metavar="FILE", help="the video file (anything decord reads: mp4, mkv, ...)"
     )
-    g.add_argument(
-        "--prompt", required=True, metavar="TEXT", help="the question or instruction about the video"
-    )
+    if prompt:
+        g.add_argument(
+            "--prompt", required=True, metavar="TEXT", help="the question or instruction about the video"
+        )
     n = g.add_mutually_exclusive_group()
     n.add_argument(
         "--frames", type=int, metavar="N", help="sample N evenly spaced frames (default: 2 per second)"
@@ -315,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(func=_cmd_demo)
     _generate_parser(sub, debug)
+    _chat_parser(sub, debug)
     _bias_parser(sub, debug)
     _external_commands(sub, debug)
     _check_parser(sub, debug)
@@ -341,29 +343,9 @@ def _fail(message: str) -> int:
     raise HippoError(message)
 
 
-def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
-    g = sub.add_parser(
-        "generate",
-        parents=[debug],
-        help="answer a prompt about a video file with a target/draft checkpoint pair, losslessly",
-        description=(
-            "Read the video with decord, sample its frames, build the target's inputs with the checkpoint's "
-            "tokenizer and chat template, and decode with speculative decoding: the draft q proposes γ tokens "
-            "from --keep-ratio of the visual tokens (chosen by --scorer and --selector), the target p verifies "
-            "them. The answer is exactly the target's own (greedy: identical tokens; sampling: the same "
-            "distribution). The answer streams to stdout; progress bars (on a terminal), a one-line summary "
-            "(new tokens, MAT, tokens/s, time to first token, pruning time) and the --compare-ar report go "
-            "to stderr."
-        ),
-        epilog=(
-            "--config FILE takes the builder's JSON/TOML config (PipelineConfig: target, draft, backbone, "
-            "scorer, selector, drafter, verifier, scheduler, dtype, device); flags given on the command line "
-            "override it. Without --config the defaults are --scheduler hippo --scorer holistic --selector "
-            "topk --keep-ratio 0.1 --gamma 5. Bad input (video, checkpoints, tokenizers, options, a prompt "
-            "longer than the context) prints one line 'hippo: error: ...' and exits 2. Exit status 1: "
-            "--compare-ar found a greedy output that differs."
-        ),
-    )
+def _pipeline_args(g: argparse.ArgumentParser, prompt: bool = True) -> argparse._ArgumentGroup:
+    """The options `generate` and `chat` share: models, video, speculative decoding, decoding; returns
+    the (empty) output group."""
     m = _model_args(g)
     m.add_argument(
         "--draft",
@@ -371,7 +353,7 @@ def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         help="draft checkpoint directory: a smaller model with the target's tokenizer",
     )
     m.add_argument("--config", metavar="FILE", help="builder config file (JSON or TOML); flags override it")
-    _video_args(g)
+    _video_args(g, prompt)
     s = g.add_argument_group("speculative decoding")
     s.add_argument("--scheduler", metavar="NAME", help="hippo (default), pearl, serial, autoregressive, ...")
     s.add_argument(
@@ -400,7 +382,33 @@ def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         "--top-k", type=int, metavar="K", help="sample among the K likeliest tokens (with --do-sample)"
     )
     d.add_argument("--seed", type=int, metavar="S", help="seed of the sampler, for reproducible samples")
-    o = g.add_argument_group("output")
+    return g.add_argument_group("output")
+
+
+def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
+    g = sub.add_parser(
+        "generate",
+        parents=[debug],
+        help="answer a prompt about a video file with a target/draft checkpoint pair, losslessly",
+        description=(
+            "Read the video with decord, sample its frames, build the target's inputs with the checkpoint's "
+            "tokenizer and chat template, and decode with speculative decoding: the draft q proposes γ tokens "
+            "from --keep-ratio of the visual tokens (chosen by --scorer and --selector), the target p verifies "
+            "them. The answer is exactly the target's own (greedy: identical tokens; sampling: the same "
+            "distribution). The answer streams to stdout; progress bars (on a terminal), a one-line summary "
+            "(new tokens, MAT, tokens/s, time to first token, pruning time) and the --compare-ar report go "
+            "to stderr."
+        ),
+        epilog=(
+            "--config FILE takes the builder's JSON/TOML config (PipelineConfig: target, draft, backbone, "
+            "scorer, selector, drafter, verifier, scheduler, dtype, device); flags given on the command line "
+            "override it. Without --config the defaults are --scheduler hippo --scorer holistic --selector "
+            "topk --keep-ratio 0.1 --gamma 5. Bad input (video, checkpoints, tokenizers, options, a prompt "
+            "longer than the context) prints one line 'hippo: error: ...' and exits 2. Exit status 1: "
+            "--compare-ar found a greedy output that differs."
+        ),
+    )
+    o = _pipeline_args(g)
     o.add_argument(
         "--compare-ar",
         action="store_true",
@@ -410,7 +418,7 @@ def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     o.add_argument(
         "--json", metavar="FILE", help="write the answer, its token ids, all stats and settings as JSON"
     )
-    g.add_argument(
+    o.add_argument(
         "--timeline",
         metavar="FILE.png",
         help="draw a Gantt chart of the run (target and draft lanes: prefill, drafting, verification, idle)",
@@ -419,6 +427,40 @@ def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         "--no-progress", action="store_true", help="no progress bars (they only show on a terminal)"
     )
     g.set_defaults(func=_cmd_generate)
+
+
+def _chat_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
+    c = sub.add_parser(
+        "chat",
+        parents=[debug],
+        help="ask many questions about one video: encoded once, every answer lossless",
+        description=(
+            "Read the video and prefill its shared prefix once (the vision encoder and the target's KV up to the "
+            "end of the video), then answer questions about it with speculative decoding, each answer exactly "
+            "the target's own on the whole conversation so far. Interactive: type a question and the answer "
+            "streams; /stats shows the session's figures, /reset forgets the earlier turns (the video stays "
+            "prepared), /quit (or end of input) leaves. With --questions FILE each line is answered on its "
+            "own, with no history between them, and the session ends."
+        ),
+        epilog="Same model, video and decoding options as `hippo generate`; bad input exits 2 before any work.",
+    )
+    o = _pipeline_args(c, prompt=False)
+    o.add_argument(
+        "--questions",
+        metavar="FILE",
+        help="answer each line of FILE independently (no history between them), then exit",
+    )
+    o.add_argument("--json", metavar="FILE", help="write every answer's text, token ids and stats as JSON")
+    o.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (they only show on a terminal)"
+    )
+    c.set_defaults(func=_cmd_chat)
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from hippo_cli.chat import cmd_chat
+
+    return cmd_chat(args)
 
 
 def _bias_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
