@@ -49,6 +49,10 @@ def read_questions(path: str) -> list[str]:
     return questions
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
 class ChatSession:
     """One prepared video and the answers given about it."""
 
@@ -89,8 +93,8 @@ class ChatSession:
         done = [a for a in self.answers if "error" not in a]
         mem = self.ctx.memory()
         lines = [
-            f"video prepared once in {self.prepare_seconds:.2f} s; context {mem['total'] / 2**20:.1f} MiB "
-            f"(KV {mem['kv'] / 2**20:.1f} MiB, features {mem['features'] / 2**20:.1f} MiB)",
+            f"video prepared once in {self.prepare_seconds:.2f} s; context {_size(mem['total'])} "
+            f"(KV {_size(mem['kv'])}, features {_size(mem['features'])})",
             f"questions answered: {len(done)} (errors: {len(self.answers) - len(done)}); "
             f"turns in this conversation: {len(self.conversation.turns)}",
         ]
