@@ -323,6 +323,7 @@ def run(
     torch.set_num_threads(threads)
     w = workload
     costs = measure_costs(w.target, w.draft, w.inputs[0], gamma, keep_ratio, threads=threads)
+    drawn = False
     for m in rows:
         pipe = None
         try:
@@ -352,7 +353,8 @@ def run(
                     }
                 )
             results[m.name] = {"method": m.__dict__, "videos": per_video}
-            if timeline is not None and m.name == "hippo" and pipe is not None:
+            if timeline is not None and m.scheduler == "hippo" and pipe is not None and not drawn:
+                drawn = True  # the first hippo row (the HIPPO headline row)
                 from .timeline import draw_timeline
 
                 events = pipe.generate(w.inputs[0], timeline=True, **gen).stats

@@ -50,6 +50,15 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_or_auto(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
 def _given(value: Any, default: Any) -> Any:
     return default if value is None else value
 
@@ -85,6 +94,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if result["identical"] else EXIT_MISMATCH
 
 
+def _tiny_gamma(gamma: int | str | None) -> int:
+    if gamma == "auto":
+        raise HippoError("--gamma auto needs the trained pair; give an integer with --adapter")
+    return _given(gamma, 5)
+
+
 def _cmd_demo_tiny(args: argparse.Namespace) -> int:
     if args.timeline:
         raise HippoError("--timeline draws the trained pair's run; leave out --adapter to use it")
@@ -94,7 +109,7 @@ def _cmd_demo_tiny(args: argparse.Namespace) -> int:
         frames=_given(args.frames, 8),
         size=args.size,
         max_new_tokens=_given(args.max_new_tokens, 64),
-        gamma=_given(args.gamma, 5),
+        gamma=_tiny_gamma(args.gamma),
         keep_ratio=_given(args.keep_ratio, 0.2),
         seed=args.seed,
         adapter=args.adapter,
@@ -287,7 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--seed", type=int, default=0, help="which held-out clip (default: %(default)s)")
     d.add_argument("--max-new-tokens", type=int, help="tokens to generate (default: 256; 64 with --adapter)")
-    d.add_argument("--gamma", type=int, help="draft length γ per round (default: 5)")
+    d.add_argument(
+        "--gamma",
+        type=_int_or_auto,
+        help="draft length γ per round, or 'auto' (from the cost model; the default; 5 with --adapter)",
+    )
     d.add_argument(
         "--keep-ratio",
         type=float,
@@ -368,7 +387,12 @@ def _pipeline_args(g: argparse.ArgumentParser, prompt: bool = True) -> argparse.
         metavar="R",
         help="fraction of the visual tokens the draft sees, in (0, 1] (0.1)",
     )
-    s.add_argument("--gamma", type=int, metavar="N", help="draft length γ per round, >= 1 (default: 5)")
+    s.add_argument(
+        "--gamma",
+        type=_int_or_auto,
+        metavar="N",
+        help="draft length γ per round, >= 1, or 'auto' (each round's γ from the cost model) (default: 5)",
+    )
     d = g.add_argument_group("decoding")
     d.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="(default: %(default)s)")
     d.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")

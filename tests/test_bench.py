@@ -26,9 +26,12 @@ def test_bench_quick_smallest_setting(tmp_path):
             "--no-compile",
             "--out",
             str(out),
+            "--timeline",
+            str(tmp_path / "timeline.png"),
         ]
     )
     assert code == 0  # every method's output equals HF generate's
+    assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"  # the HIPPO row's run, drawn
     summary = json.loads((out / "results.json").read_text())
     names = [r["name"] for r in summary["rows"]]
     for expected in (
