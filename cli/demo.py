@@ -56,7 +56,7 @@ def _load_pair(log) -> tuple[Any, Any, Path]:
     return target, draft, NARRATE_DIR
 
 
-def render_clip(seed: int, question: str, directory: Path) -> tuple[Path, Any]:
+def render_clip(seed: int, directory: Path) -> tuple[Path, Any]:
     """A held-out narration clip written to `directory/clip.mkv`; returns (path, the task's sample)."""
     from hippo_benchmarks.narration import NARRATE_BENCH, narration_sample
     from hippo_media.video import write_video
@@ -102,7 +102,7 @@ def run_demo(
     directory = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="hippo-demo-"))
     directory.mkdir(parents=True, exist_ok=True)
     target, draft, pair_dir = _load_pair(log)
-    path, sample = render_clip(seed, question, directory)
+    path, sample = render_clip(seed, directory)
     frames = int(sample.video.shape[0])
 
     # the same path as `hippo generate`: decord, the checkpoint's tokenizer and chat template, the adapter

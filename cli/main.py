@@ -101,9 +101,11 @@ def _tiny_gamma(gamma: int | str | None) -> int:
 
 
 def _cmd_demo_tiny(args: argparse.Namespace) -> int:
+    from hippo_cli.demo_tiny import format_result, run_demo
+    from hippo_cli.video_commands import write_json
+
     if args.timeline:
         raise HippoError("--timeline draws the trained pair's run; leave out --adapter to use it")
-    from hippo_cli.demo_tiny import format_result, run_demo
 
     result = run_demo(
         frames=_given(args.frames, 8),
@@ -119,11 +121,7 @@ def _cmd_demo_tiny(args: argparse.Namespace) -> int:
     else:
         print(format_result(result))
         if args.json:
-            try:
-                with open(args.json, "w") as f:
-                    json.dump(result, f, indent=2)
-            except OSError as exc:
-                raise HippoError(f"cannot write --json file {args.json!r}: {exc.strerror}") from exc
+            write_json(args.json, result)
     return 0 if result["all_identical"] else EXIT_MISMATCH
 
 
