@@ -40,4 +40,6 @@ class AttentionReadout:
     def cached_keys(self, session: KVSession, layer_idx: int) -> torch.Tensor:  # -> [H_kv, L, d] post-RoPE
         if session.cache is None:
             raise InputError("the target session is closed; its KV cache is gone")
-        return session.cache.layers[layer_idx].keys[0]
+        return session.cache.layers[layer_idx].keys[
+            0, :, : session.cache_len()
+        ]  # a static cache has spare slots

@@ -45,6 +45,7 @@ class Method:
     drafter: str = "chain"
     parallel: bool = False  # one core per model
     group: str = "main"
+    compile: tuple[str, ...] = ()  # roles on compiled static-cache sessions (PipelineBuilder.compile)
 
 
 def _keep(ratio: float) -> dict:
@@ -85,6 +86,22 @@ def methods(keep: float, gamma: int, *, quick: bool, compiled: bool = True) -> l
         hippo_row("HIPPO"),
         hippo_row("HIPPO, γ from the cost model", options={"gamma": "auto"}),
         Method("SD (serial, full video), γ from the cost model", scheduler_options={"gamma": "auto"}),
+        *(
+            [
+                hippo_row(
+                    "HIPPO, γ from the cost model, compiled target",
+                    options={"gamma": "auto"},
+                    compile=("target",),
+                ),
+                Method(
+                    "SD (serial, full video), γ from the cost model, compiled target",
+                    scheduler_options={"gamma": "auto"},
+                    compile=("target",),
+                ),
+            ]
+            if compiled
+            else []
+        ),
         Method("SD-tree (full video)", scheduler="serial_tree", scheduler_options=serial, drafter="tree"),
         Method(
             "SpecVLM (tree + SpecVLM pruning)",
@@ -224,6 +241,8 @@ def trained_workload(n: int, seed: int, frames: int, size: int) -> Workload:
 def _pipeline(m: Method, w: Workload) -> hippo.Pipeline:
     b = hippo.PipelineBuilder().target(w.target).draft(w.draft)
     b.scorer(m.scorer, **m.scorer_options).selector(m.selector, **m.selector_options).drafter(m.drafter)
+    if m.compile:
+        b.compile(*m.compile)
     return b.scheduler(m.scheduler, **m.scheduler_options).build()
 
 
@@ -322,7 +341,10 @@ def run(
     references: list[torch.Tensor] = []
     torch.set_num_threads(threads)
     w = workload
-    costs = measure_costs(w.target, w.draft, w.inputs[0], gamma, keep_ratio, threads=threads)
+    compiled = any(m.compile for m in rows)
+    costs = measure_costs(
+        w.target, w.draft, w.inputs[0], gamma, keep_ratio, threads=threads, compiled=compiled
+    )
     drawn = False
     for m in rows:
         pipe = None
@@ -334,8 +356,8 @@ def run(
                 call = _hf_call(m, w, inputs, gen) if m.hf else _hippo_call(pipe, inputs, gen)
                 if i == 0 or m.hf == "compiled":  # warm-up (starts a draft process; compiles per shape)
                     t0 = time.perf_counter()
-                    call()
-                    if m.hf == "compiled":
+                    compile_s = call()[1].get("seconds_compile", 0.0)
+                    if m.hf == "compiled" or compile_s:
                         log(f"    compile + first run, video {i}: {time.perf_counter() - t0:.1f}s")
                 seq, stats, times = _timed(call, repeats)
                 if m.hf is not None:  # HF reports no breakdown: time its first token separately

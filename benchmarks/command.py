@@ -55,7 +55,7 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     b.add_argument(
         "--no-compile",
         action="store_true",
-        help="leave out the HF static cache + torch.compile row (compiling takes a minute or more)",
+        help="leave out the compiled rows (HF static cache + torch.compile, hippo's compiled target): compiling takes a minute or more",
     )
     b.add_argument("--seed", type=int, default=0, help="held-out video seed offset (default: %(default)s)")
     b.add_argument(

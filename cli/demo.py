@@ -88,6 +88,7 @@ def run_demo(
     streamer_factory: Any = None,
     workdir: str | Path | None = None,
     timeline: str | Path | None = None,
+    compile_target: bool = False,
     log: Any = print,
 ) -> dict[str, Any]:
     """Render a clip, stream hippo's answer, time the target alone, and return the comparison.
@@ -109,6 +110,8 @@ def run_demo(
     tokenizer = load_tokenizer(pair_dir / "target")
     builder = PipelineBuilder().target(target).draft(draft).scorer("holistic")
     builder.selector("topk", keep_ratio=keep_ratio).scheduler(scheduler, gamma=gamma)
+    if compile_target:
+        builder.compile("target")
     pipe = builder.build()
     clip = decode_video(path, frames=frames)
     inputs = build_video_inputs(pipe.target_adapter, tokenizer, clip, question)
@@ -122,7 +125,11 @@ def run_demo(
 
     gen = dict(max_new_tokens=max_new_tokens, do_sample=False)
     with torch.inference_mode():  # warm-up: first forwards pay one-off allocations, for both sides
-        pipe.generate(inputs, max_new_tokens=4, do_sample=False)
+        if compile_target:
+            log("compiling the target's decode and verify steps (inductor; cached on disk for later runs)...")
+        warm = pipe.generate(inputs, max_new_tokens=4, do_sample=False).stats.seconds_compile
+        if compile_target:
+            log(f"compiled in {warm:.1f} s")
         target.generate(**inputs, max_new_tokens=4, do_sample=False)
     where = "the full video" if keep_ratio >= 1.0 else f"{keep_ratio:.0%} of the visual tokens"
     how = "γ from the cost model" if gamma == "auto" else f"γ={gamma}"
@@ -159,7 +166,14 @@ def run_demo(
         },
         "question": question,
         "prompt_tokens": L,
-        "settings": {"scheduler": scheduler, "gamma": gamma, "keep_ratio": keep_ratio, **gen},
+        "settings": {
+            "scheduler": scheduler,
+            "gamma": gamma,
+            "keep_ratio": keep_ratio,
+            "compile": ["target"] if compile_target else [],
+            **gen,
+        },
+        "seconds_compile": warm,
         "threads": torch.get_num_threads(),
         "text": tokenizer.decode(ours, skip_special_tokens=True),
         "hippo": {"tokens": ours, "seconds": hippo_s, "mat": out.stats.mat, "stats": out.stats.as_dict()},

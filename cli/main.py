@@ -83,6 +83,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             keep_ratio=_given(args.keep_ratio, DEFAULT_KEEP_RATIO),
             streamer_factory=None if args.json == "-" else text_streamer,
             timeline=args.timeline,
+            compile_target=args.compile,
             log=log,
         )
     if args.json == "-":
@@ -106,6 +107,8 @@ def _cmd_demo_tiny(args: argparse.Namespace) -> int:
 
     if args.timeline:
         raise HippoError("--timeline draws the trained pair's run; leave out --adapter to use it")
+    if args.compile:
+        raise HippoError("--compile runs on the trained pair; leave out --adapter to use it")
 
     result = run_demo(
         frames=_given(args.frames, 8),
@@ -318,6 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeline",
         metavar="FILE.png",
         help="draw a Gantt chart of hippo's run: target and draft lanes, accepted/rejected drafts, idle time",
+    )
+    d.add_argument(
+        "--compile",
+        action="store_true",
+        help="run the target on a static KV cache with an inductor-compiled step (PipelineBuilder.compile): "
+        "faster verification, after about a minute of compiling (less once inductor's disk cache holds it)",
     )
     t = d.add_argument_group("random tiny pairs (a wiring check of a backbone; their speedups mean nothing)")
     t.add_argument(

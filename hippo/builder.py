@@ -27,6 +27,7 @@ from hippo.interfaces import Adapter, make_config
 from hippo.pipeline import Pipeline
 from hippo.registry import lookup, plugin_manager, resolve_adapter
 from hippo.sampling import check_vocab
+from hippo.static import ROLES, StaticSessions
 
 KINDS = ("scorer", "selector", "drafter", "verifier", "scheduler")
 
@@ -68,6 +69,8 @@ class PipelineConfig:
     scheduler: PartSpec = attrs.field(factory=lambda: PartSpec("serial", {"gamma": 5}), converter=_part)
     dtype: str | None = None
     device: str | None = None
+    #: static-cache compiled sessions: `{"roles": ["target"], "mode": "inductor"}` (None: off)
+    compile: dict | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PipelineConfig:
@@ -149,6 +152,7 @@ class PipelineBuilder:
         self._parts: dict[str, Any] = {}
         self._specs: dict[str, PartSpec | None] = {}
         self._device: str | None = None
+        self._static: dict[str, StaticSessions | None] = {"target": None, "draft": None}
         defaults = PipelineConfig()
         for kind in KINDS:
             self._set(kind, getattr(defaults, kind))
@@ -243,7 +247,28 @@ class PipelineBuilder:
         if config.draft:
             b.draft(config.draft, backbone=backbone, **load)
         b._device = config.device
+        if config.compile is not None:
+            if not isinstance(config.compile, dict):
+                raise ConfigError(
+                    f"compile must be a table like {{roles = ['target']}}, got {config.compile!r}"
+                )
+            b.compile(
+                *config.compile.get("roles", ROLES),
+                **{k: v for k, v in config.compile.items() if k != "roles"},
+            )
         return b
+
+    # ---- sessions ---------------------------------------------------------------------------
+    def compile(self, *roles: str, mode: str = "inductor", headroom: int = 64) -> PipelineBuilder:
+        """Run the roles' decoding ("target", "draft"; both if none named) on a static KV cache
+        with a compiled forward (`hippo.static`); `mode="eager"` keeps the static cache uncompiled."""
+        unknown = set(roles) - set(ROLES)
+        if unknown:
+            raise ConfigError(f"compile roles must be among {', '.join(ROLES)}; got {sorted(unknown)}")
+        kind = StaticSessions(mode=mode, headroom=headroom)
+        for role in roles or ROLES:
+            self._static[role] = kind
+        return self
 
     # ---- build ------------------------------------------------------------------------------
     def _adapter(self, role: str) -> Adapter:
@@ -296,6 +321,8 @@ class PipelineBuilder:
                 "e.g. .scorer('holistic')"
             )
         names = {k: (s.name if s else "auto") for k, s in self._specs.items()}
-        return Pipeline(
+        pipe = Pipeline(
             target, draft, scorer, selector, self._parts["drafter"], self._parts["verifier"], scheduler, names
         )
+        pipe.static = dict(self._static)
+        return pipe

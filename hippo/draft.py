@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from hippo.interfaces import Adapter, Drafter, Encoded, ModelSession
     from hippo.job import DecodeJob
     from hippo.sampling import TokenPolicy
+    from hippo.static import StaticSessions
     from hippo.types import DraftProposal
 
 
@@ -35,13 +36,17 @@ class DraftSide:
         inputs: dict[str, Any],
         policy: TokenPolicy,
         encode: Callable[[], Encoded] | None = None,
+        static: StaticSessions | None = None,  # run the session on a static cache (compiled)
+        new_tokens: int = 0,  # tokens the job may generate (the static cache's room)
     ):
         self.adapter, self.drafter, self.inputs, self.policy = adapter, drafter, inputs, policy
         self._encode = encode
+        self.static, self.new_tokens = static, new_tokens
         self._encoded: Encoded | None = None
         self.session: ModelSession | None = None
         self._seconds_closed = 0.0  # forward seconds of sessions replaced by a later prefill
         self._forwards_closed = 0  # and their forward passes
+        self._compile_closed = 0.0  # and their compiling seconds
         self.events: EventLog | None = None  # where to book its work (a timeline was asked for)
 
     @classmethod
@@ -50,8 +55,9 @@ class DraftSide:
         p = job.pipeline
         same = p.draft_adapter.model is p.target_adapter.model
         policy = job.policy.fork() if own_policy else job.policy
+        encode = job.target_encoded if same else job.draft_encode
         side = cls(
-            p.draft_adapter, p.drafter, job.inputs, policy, job.target_encoded if same else job.draft_encode
+            p.draft_adapter, p.drafter, job.inputs, policy, encode, p.static["draft"], job.max_new_tokens
         )
         side.events = job.events
         return side
@@ -70,6 +76,8 @@ class DraftSide:
         t0 = time.perf_counter()
         self._drop_session()
         self.session = self.adapter.prefill(encoded, keep)
+        if self.static is not None:
+            self.session = self.static.open(self.session, self.new_tokens)
         if self.events is not None:
             self.events.add("draft", "prefill", t0)
         return self.session
@@ -111,8 +119,14 @@ class DraftSide:
         forwards = self._forwards_closed + (0 if self.session is None else self.session.forwards)
         return self.seconds_decode / forwards if forwards else None
 
+    @property
+    def seconds_compile(self) -> float:
+        """Seconds of compiling in the draft's static-cache sessions (0 without them)."""
+        return self._compile_closed + getattr(self.session, "seconds_compile", 0.0)
+
     def _drop_session(self) -> None:
         if self.session is not None:
+            self._compile_closed += getattr(self.session, "seconds_compile", 0.0)
             self._seconds_closed += self.session.seconds_decode
             self._forwards_closed += self.session.forwards
             self.session.close()

@@ -128,6 +128,9 @@ class DecodeJob:
                 )
                 with observe, self.stage("target prefill"):
                     self._target = adapter.prefill(encoded, keep=None)
+            static = self.pipeline.static["target"]
+            if static is not None:  # after the scorer read the prefill: the dynamic cache moves over
+                self._target = static.open(self._target, self.max_new_tokens)
             self.stats.seconds_target_prefill += time.perf_counter() - t0
             if self.events is not None:
                 self.events.add("target", "prefill", t0)
@@ -234,8 +237,10 @@ class DecodeJob:
             s.events = label(self.events.events, self.prompt_ids.shape[0], origin=self._t0)
         if self._target is not None:
             s.seconds_target_decode = self._target.seconds_decode
+            s.seconds_compile += getattr(self._target, "seconds_compile", 0.0)
         if self._draft is not None:
             s.seconds_draft_decode = self._draft.seconds_decode
+            s.seconds_compile += self._draft.seconds_compile
         for sess in (self._target, self._draft):
             if sess is not None:
                 sess.close()

@@ -18,6 +18,7 @@ from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, Veri
 from hippo.job import DecodeJob
 from hippo.registry import lookup, plugin_manager
 from hippo.sampling import TokenPolicy, make_generator, resolve_generation_config
+from hippo.static import StaticSessions
 from hippo.types import GenerateOutput
 
 
@@ -51,6 +52,8 @@ class Pipeline:
         #: bytes all live video contexts may hold together (None: only the device's free memory limits)
         self.context_budget: int | None = None
         self._contexts: weakref.WeakSet = weakref.WeakSet()
+        #: per role ("target", "draft"): run its sessions on a static cache, compiled (None: dynamic cache)
+        self.static: dict[str, StaticSessions | None] = {"target": None, "draft": None}
 
     @property
     def target(self) -> torch.nn.Module:

@@ -55,8 +55,7 @@ class KVSession(ModelSession):
         t0 = time.perf_counter()
         ids = tokens.to(self.device, torch.long).view(1, -1)
         pos = self.positions(self.length, ids.shape[1]).to(self.device)
-        out = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True)
-        logits = out.logits[0]
+        logits = self._step(ids, pos)
         self.length += ids.shape[1]
         self.generated.extend(ids[0].tolist())
         self.last_logits = logits[-1]
@@ -64,6 +63,20 @@ class KVSession(ModelSession):
         self.seconds_decode += time.perf_counter() - t0
         self.forwards += 1
         return logits
+
+    def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # ids [1, k] -> logits [k, V]
+        out = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True)
+        return out.logits[0]
+
+    def cache_len(self) -> int:
+        """KV entries held (fewer than `length` for a pruned draft)."""
+        return int(self.cache.get_seq_length())
+
+    def _block_mask(self, past: int, visible: torch.Tensor) -> torch.Tensor:  # [k, k] -> [k, past + k]
+        k = visible.shape[0]
+        allowed = torch.ones(k, past + k, dtype=torch.bool)
+        allowed[:, past:] = visible
+        return allowed
 
     @torch.inference_mode()
     def forward_masked(
@@ -74,13 +87,12 @@ class KVSession(ModelSession):
     ) -> torch.Tensor:  # -> [k, V]
         t0 = time.perf_counter()
         k = int(tokens.shape[0])
-        past = self.cache.get_seq_length()
+        past = self.cache_len()
         span = int(offsets.max()) + 1 if k else 0
         pos = self.positions(self.length, span)[..., offsets]  # [P, 1, k] or [1, k]
         dtype = next(self.model.parameters()).dtype
-        allowed = torch.ones(k, past + k, dtype=torch.bool)
-        allowed[:, past:] = visible
-        mask = torch.zeros(k, past + k, dtype=dtype)  # [k, past + k] additive
+        allowed = self._block_mask(past, visible)  # [k, kv]
+        mask = torch.zeros(allowed.shape, dtype=dtype)  # [k, kv] additive
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         out = self.model(
             input_ids=tokens.to(self.device, torch.long).view(1, -1),
@@ -103,17 +115,20 @@ class KVSession(ModelSession):
         if layers is None:
             raise UnsupportedError("keeping rows of a masked block needs a transformers Cache with `.layers`")
         rows = torch.as_tensor(list(rows), dtype=torch.long)  # [r]
+        self._compact(past, rows)
+        if rows.numel():
+            self.length += int(rows.shape[0])
+            self.generated.extend(tokens[rows].tolist())
+            self.last_logits = logits[int(rows[-1])]
+
+    def _compact(self, past: int, rows: torch.Tensor) -> None:  # rows [r]: block rows to keep, in order
         index = torch.cat([torch.arange(past), past + rows])  # [past + r]
-        for layer in layers:
+        for layer in self.cache.layers:
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 continue
             idx = index.to(layer.keys.device)
             layer.keys = layer.keys.index_select(-2, idx)  # [B, H, past + r, D]
             layer.values = layer.values.index_select(-2, idx)
-        if rows.numel():
-            self.length += int(rows.shape[0])
-            self.generated.extend(tokens[rows].tolist())
-            self.last_logits = logits[int(rows[-1])]
 
     def extend_prompt(self, tokens: torch.Tensor) -> None:  # tokens [k]
         """Feed `tokens` as more prompt (a question after a cached video prefix): afterwards the
@@ -132,11 +147,14 @@ class KVSession(ModelSession):
         if drop < 0:
             raise ValueError(f"cannot roll forward: session has {self.length} tokens, asked for {length}")
         if drop:
-            self.cache.crop(-drop)
+            self._crop(drop)
             self.length = length
             del self.generated[length - self.prompt_length :]
             # logits after an earlier token are not kept: only the prompt's are known again
             self.last_logits = self.prompt_logits if length == self.prompt_length else None
+
+    def _crop(self, drop: int) -> None:
+        self.cache.crop(-drop)
 
     def close(self) -> None:
         self.cache = None

@@ -183,6 +183,7 @@ class Stats:
     seconds_draft_prefill: float = 0.0
     seconds_draft_decode: float = 0.0
     seconds_draft_overlapped: float = 0.0  # draft work done while the target was busy (hidden)
+    seconds_compile: float = 0.0  # first forwards of compiled static-cache sessions (in the decode seconds)
     fallback: bool = False  # the draft failed and the target finished alone
     scheduler: str = ""
     notes: list[str] = attrs.Factory(list)

@@ -71,10 +71,10 @@ def _worker_main(model, adapter_cls, adapter_options, threads, cmd_q, res_q, sto
         try:
             result: Any = None
             if cmd == "job":
-                inputs, policy, drafter = payload  # policy: forked by the parent, with its own generator
+                inputs, policy, drafter, static, new_tokens = payload  # policy: forked, its own generator
                 if side is not None:
                     side.close()
-                side = DraftSide(adapter, drafter, inputs, policy)
+                side = DraftSide(adapter, drafter, inputs, policy, static=static, new_tokens=new_tokens)
             elif cmd == "prefill":
                 side.prefill(payload)
             elif cmd == "propose":
@@ -152,7 +152,10 @@ class ProcessDraftWorker(DraftWorker):
         self._inflight: int | None = None
         self._asked: tuple[int, int] = (-1, 0)  # the in-flight drafting's (start position, γ)
         # the draft side's policy: forked here (the child's own generator), the target's V inside
-        self.dp.send("job", (dict(job.inputs), job.policy.fork(), job.pipeline.drafter))
+        p = job.pipeline
+        self.dp.send(
+            "job", (dict(job.inputs), job.policy.fork(), p.drafter, p.static["draft"], job.max_new_tokens)
+        )
 
     def _wait(self, ticket: int):
         """Read results until `ticket`'s arrives; every other result is bookkeeping."""

@@ -275,6 +275,7 @@ def assert_greedy_lossless(
     shrink: bool = True,
     max_shrinks: int = 100,
     on_output: Callable[[Case, GenerateOutput], None] | None = None,
+    seeds_of_models: st.SearchStrategy[int] | None = None,
 ) -> GreedyResult:
     """Check that `build(case)`'s pipeline returns exactly `target.generate(...)` on drawn cases.
 
@@ -284,7 +285,8 @@ def assert_greedy_lossless(
     hypothesis examples (default: `--hippo-examples`, else the active hypothesis profile's);
     `seed`: a fixed hypothesis seed (default: the profile's behaviour). `draws` are extra
     strategies whose values land in `case.extra`; `stops=False` draws no min_new_tokens or mid-way
-    EOS; `on_output(case, out)` may add assertions;
+    EOS; `on_output(case, out)` may add assertions; `seeds_of_models` draws the tiny models' seeds
+    (`st.just(0)`: one pair, when every new model costs a compilation);
     `shrink=False` skips hypothesis's shrinking (faster, the first counterexample is reported);
     shrinking stops after `max_shrinks` tries, reporting the smallest failing case so far (a count,
     not a time, so a seed reproduces the same report on any machine).
@@ -297,7 +299,13 @@ def assert_greedy_lossless(
     failed: list[Case] = []  # every case that failed, and the tries since the first failure
     tries = [0]
     strategy = cases(
-        adapters, corrupt=corrupt, self_draft=self_draft, executors=executors, draws=draws, stops=stops
+        adapters,
+        corrupt=corrupt,
+        self_draft=self_draft,
+        executors=executors,
+        draws=draws,
+        stops=stops,
+        seeds_of_models=seeds_of_models,
     )
 
     def lossless(case: Case) -> None:

@@ -1,0 +1,141 @@
+"""Static-cache sessions are lossless: `PipelineBuilder.compile(...)` changes no token.
+
+- Static cache, eager (`mode="eager"`): every adapter, every scheduler (drawn), both in-process
+  executors, corrupted drafts (partial acceptance, so rollback is a position reset many times),
+  the chain and the tree drafter (a masked block compacted into static slots).
+- Static cache, compiled by inductor: one backbone (qwen2_5_vl), because every model object costs
+  its own compilation (~15 s per graph on 2 cores); the hypothesis draws keep one tiny pair
+  (`seeds_of_models=st.just(0)`) and still draw scheduler, executor, γ, prompt and wrong tokens.
+  Then the sampling law on the compiled target (self-drafting: the same two graphs).
+Float64 on CPU, so equality is exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+import hippo
+from hippo.errors import ConfigError
+from hippo.static import StaticKVSession
+from hippo.testing import assert_greedy_lossless, assert_sampling_exact
+from hippo.testing import models as hm
+from hippo.testing import params as hp
+from hippo.testing import strategies as hs
+
+SCHEDULERS = hm.names("schedulers")
+COMPILED = "qwen2_5_vl"
+
+
+def _build(mode: str, roles: tuple[str, ...] = ()):
+    def build(case):
+        scheduler, drafter = case.extra["scheduler"], case.extra.get("drafter", "chain")
+        if drafter == "tree" and scheduler == "serial_tree":
+            drafter = "chain"  # serial_tree builds its own trees
+        return case.builder(scheduler, drafter=drafter).compile(*roles, mode=mode)
+
+    return build
+
+
+@pytest.mark.parametrize("adapter", hp.adapter_params())
+def test_static_cache_equals_target_generate(adapter):
+    assert_greedy_lossless(
+        _build("eager"),
+        adapters=[adapter],
+        examples=hs.examples(0.5),
+        executors=("inline", "thread"),
+        draws={"scheduler": st.sampled_from(SCHEDULERS), "drafter": st.sampled_from(["chain", "tree"])},
+        require_partial=False,
+    )
+
+
+@pytest.mark.skipif(COMPILED not in hm.names("adapters"), reason=f"{COMPILED} adapter not installed")
+def test_compiled_sessions_equal_target_generate():
+    assert_greedy_lossless(
+        _build("inductor"),
+        adapters=[COMPILED],
+        examples=hs.examples(0.3),
+        executors=("inline", "thread"),
+        draws={"scheduler": st.sampled_from(SCHEDULERS)},
+        seeds_of_models=st.just(0),
+        require_partial=False,
+    )
+
+
+@pytest.mark.skipif(COMPILED not in hm.names("adapters"), reason=f"{COMPILED} adapter not installed")
+def test_compiled_target_samples_the_target_law():
+    res = assert_sampling_exact(
+        lambda case: case.builder("serial").compile("target"),
+        adapter=COMPILED,
+        draft="self",
+        gamma=2,
+        temperature=1.5,
+        top_k=2,
+        new_tokens=4,
+        runs=10 * hs.examples(1.0),
+        sensitivity=None,
+        require_partial=False,
+    )
+    assert res.runs == 10 * hs.examples(1.0)
+
+
+def test_sessions_are_static_and_rollback_is_a_position_reset(monkeypatch):
+    """The job's sessions really are static ones (the cache grows when the room runs out); a
+    rolled-back session forwards exactly as before."""
+    target, draft = hm.tiny(COMPILED), hm.tiny(COMPILED, "draft")
+    prompt = hm.Prompt.default(COMPILED, target)
+    pipe = hippo.PipelineBuilder().target(target).draft(draft).compile(mode="eager", headroom=1).build()
+    grown = []
+    reserve = StaticKVSession._reserve
+
+    def spy(self, k):
+        before = self.capacity
+        reserve(self, k)
+        grown.append((self.model, self.capacity > before))
+
+    monkeypatch.setattr(StaticKVSession, "_reserve", spy)
+    pipe.generate(prompt.inputs, max_new_tokens=80, min_new_tokens=80, do_sample=False)
+    assert {m for m, _ in grown} == {target, draft}
+
+    adapter = pipe.target_adapter
+    encoded = adapter.encode(prompt.inputs)
+    dynamic = adapter.prefill(encoded, None)
+    static = pipe.static["target"].open(adapter.prefill(encoded, None), 0)
+    L, room = static.length, static.capacity - static.cache_len()
+    tokens = torch.tensor(hm.text_ids(target)[:4] * (room // 2))  # [2 room]: more than fits
+    first = static.forward(tokens).clone()  # [k, V]
+    assert static.capacity >= L + tokens.shape[0] and grown[-1][1]  # the cache grew
+    torch.testing.assert_close(first, dynamic.forward(tokens), rtol=1e-12, atol=1e-12)
+    static.forward(tokens[:1])
+    static.rollback(L)
+    assert static.cache_len() == L and static.generated == []
+    torch.testing.assert_close(static.forward(tokens), first, rtol=0, atol=0)
+
+
+def test_compile_options_are_checked():
+    b = hippo.PipelineBuilder()
+    with pytest.raises(ConfigError, match="roles"):
+        b.compile("teacher")
+    with pytest.raises(ConfigError, match="mode"):
+        b.compile(mode="jit")
+    with pytest.raises(ConfigError, match="headroom"):
+        b.compile(headroom=0)
+    built = hippo.PipelineBuilder.from_config({"compile": {"roles": ["target"], "mode": "eager"}})
+    assert built._static["target"].mode == "eager" and built._static["draft"] is None
+
+
+@pytest.mark.skipif(COMPILED not in hm.names("adapters"), reason=f"{COMPILED} adapter not installed")
+def test_compiled_graphs_are_reused_across_calls():
+    """A warm-up inside `torch.inference_mode()` and a later call outside it, with another token
+    budget, run the same graphs: nothing recompiles (a recompile costs seconds per call)."""
+    from hippo.static import _graphs
+
+    target, draft = hm.tiny(COMPILED, seed=0), hm.tiny(COMPILED, "draft", seed=0)  # the pair compiled above
+    prompt = hm.Prompt.default(COMPILED, target)
+    pipe = hippo.PipelineBuilder().target(target).draft(draft).scheduler("serial", gamma=3).compile().build()
+    with torch.inference_mode():
+        pipe.generate(prompt.inputs, max_new_tokens=6, do_sample=False)
+    graphs = _graphs()
+    out = pipe.generate(prompt.inputs, max_new_tokens=12, do_sample=False)
+    assert _graphs() == graphs and out.stats.seconds_compile == 0.0
