@@ -122,11 +122,11 @@ class DraftSide:
     @property
     def seconds_compile(self) -> float:
         """Seconds of compiling in the draft's static-cache sessions (0 without them)."""
-        return self._compile_closed + getattr(self.session, "seconds_compile", 0.0)
+        return self._compile_closed + (0.0 if self.session is None else self.session.seconds_compile)
 
     def _drop_session(self) -> None:
         if self.session is not None:
-            self._compile_closed += getattr(self.session, "seconds_compile", 0.0)
+            self._compile_closed += self.session.seconds_compile
             self._seconds_closed += self.session.seconds_decode
             self._forwards_closed += self.session.forwards
             self.session.close()

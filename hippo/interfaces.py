@@ -68,6 +68,7 @@ class ModelSession(ABC):
     last_logits: torch.Tensor | None  # [V] logits after the last consumed token (None after a rollback)
     seconds_decode: float = 0.0  # wall-clock seconds spent in forward passes
     forwards: int = 0  # forward passes after the prefill (a verification round is one)
+    seconds_compile: float = 0.0  # of `seconds_decode`: forwards that compiled a graph (hippo.static)
 
     @abstractmethod
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens [k] -> logits [k, V]

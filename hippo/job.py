@@ -237,7 +237,7 @@ class DecodeJob:
             s.events = label(self.events.events, self.prompt_ids.shape[0], origin=self._t0)
         if self._target is not None:
             s.seconds_target_decode = self._target.seconds_decode
-            s.seconds_compile += getattr(self._target, "seconds_compile", 0.0)
+            s.seconds_compile += self._target.seconds_compile
         if self._draft is not None:
             s.seconds_draft_decode = self._draft.seconds_decode
             s.seconds_compile += self._draft.seconds_compile

@@ -55,6 +55,7 @@ class KVSession(ModelSession):
         t0 = time.perf_counter()
         ids = tokens.to(self.device, torch.long).view(1, -1)
         pos = self.positions(self.length, ids.shape[1]).to(self.device)
+        self._reserve(ids.shape[1])
         logits = self._step(ids, pos)
         self.length += ids.shape[1]
         self.generated.extend(ids[0].tolist())
@@ -67,6 +68,9 @@ class KVSession(ModelSession):
     def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # ids [1, k] -> logits [k, V]
         out = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True)
         return out.logits[0]
+
+    def _reserve(self, k: int) -> None:
+        """Make room for k more cache entries before a forward (a dynamic cache grows by itself)."""
 
     def cache_len(self) -> int:
         """KV entries held (fewer than `length` for a pruned draft)."""
@@ -91,6 +95,7 @@ class KVSession(ModelSession):
         span = int(offsets.max()) + 1 if k else 0
         pos = self.positions(self.length, span)[..., offsets]  # [P, 1, k] or [1, k]
         dtype = next(self.model.parameters()).dtype
+        self._reserve(k)
         allowed = self._block_mask(past, visible)  # [k, kv]
         mask = torch.zeros(allowed.shape, dtype=dtype)  # [k, kv] additive
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)

@@ -93,7 +93,6 @@ class StaticKVSession(KVSession):
         )
         self.last_logits, self.generated = session.last_logits, list(session.generated)
         self.compiled = step
-        self.seconds_compile = 0.0
         used = session.cache_len()
         self.cache = _static_cache(self.model.config, _round_up(capacity))
         self._fill(session.cache.layers, used)
@@ -124,16 +123,11 @@ class StaticKVSession(KVSession):
         used = self.cache_len()
         if used + k <= self.capacity:
             return
-        from transformers import StaticCache
-
         old = self.cache.layers
-        self.cache = StaticCache(
-            config=self.model.config, max_cache_len=_round_up(max(2 * self.capacity, used + k))
-        )
+        self.cache = _static_cache(self.model.config, _round_up(max(2 * self.capacity, used + k)))
         self._fill(old, used)
 
     def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # ids [1, k] -> [k, V]
-        self._reserve(ids.shape[1])
         if self.compiled is None:
             return super()._step(ids, pos)
         # fresh inference tensors: a caller's normal tensor would fail the graph's guards (a recompile)
@@ -146,7 +140,6 @@ class StaticKVSession(KVSession):
 
     def _block_mask(self, past: int, visible: torch.Tensor) -> torch.Tensor:  # [k, k] -> [k, capacity]
         k = visible.shape[0]
-        self._reserve(k)
         allowed = torch.zeros(k, self.capacity, dtype=torch.bool)
         allowed[:, :past] = True
         allowed[:, past : past + k] = visible
@@ -178,8 +171,6 @@ class CompiledStep:
             return model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits
 
         self._fn = torch.compile(step, dynamic=not cuda, options=options)
-        self._lock = threading.Lock()
-        self.seconds_compile = 0.0
 
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor, cache: Any) -> tuple[torch.Tensor, float]:
         graphs = _graphs()
@@ -189,10 +180,7 @@ class CompiledStep:
         if _graphs() == graphs:
             return logits, 0.0
         synchronize(logits.device)  # this call compiled a graph: book its time as compiling
-        seconds = time.perf_counter() - t0
-        with self._lock:
-            self.seconds_compile += seconds
-        return logits, seconds
+        return logits, time.perf_counter() - t0
 
 
 def _graphs() -> int:

@@ -30,7 +30,7 @@ from hippo.checkpoint import check_backbone_fits, check_checkpoint  # noqa: F401
 from hippo.errors import ConfigError, HippoError, InputError, ModelError, VideoError
 from hippo.sampling import check_vocab
 from hippo.types import VideoClip
-from hippo_media.video import sample_indices
+from hippo_media.video import open_sampled
 
 #: progress(stage, event): event is "start", "end", or "update" (with done/total for video decode).
 Progress = Callable[..., None]
@@ -200,15 +200,8 @@ def decode_video(
 
     `progress("video decode", "update", done=, total=)` is called after each chunk of frames.
     """
-    from hippo_media.video import _open
-
     with native_stderr_silenced():  # ffmpeg/decord log to fd 2; the VideoError says what went wrong
-        vr = _open(path)
-    n = len(vr)
-    if n == 0:
-        raise VideoError(f"video {str(path)!r} has zero frames; nothing to describe")
-    rate = float(vr.get_avg_fps() or 0.0)
-    idx = sample_indices(n, rate, frames, fps, source=f"video {str(path)!r}")
+        vr, idx, rate = open_sampled(path, frames, fps)
     chunks = []
     for start in range(0, len(idx), DECODE_CHUNK):
         part = idx[start : start + DECODE_CHUNK]
@@ -224,7 +217,7 @@ def decode_video(
             progress("video decode", "update", done=start + len(part), total=len(idx))
     stamps = torch.tensor(idx, dtype=torch.float64) / (rate if rate > 0 else 1.0)
     return SampledVideo(
-        frames=torch.cat(chunks), timestamps=stamps, fps=rate, indices=tuple(idx), total_frames=n
+        frames=torch.cat(chunks), timestamps=stamps, fps=rate, indices=tuple(idx), total_frames=len(vr)
     )
 
 

@@ -6,6 +6,7 @@ import math
 import os
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,14 +60,20 @@ def sample_indices(
     return sorted({min(n_frames - 1, int((i + 0.5) * n_frames / frames)) for i in range(frames)})
 
 
-def read_video(path: str | os.PathLike, *, frames: int | None = None, fps: float | None = None) -> VideoClip:
-    """Decode sampled frames of a video file as uint8 RGB."""
+def open_sampled(
+    path: str | os.PathLike, frames: int | None, fps: float | None
+) -> tuple[Any, list[int], float]:
+    """Open a video file and choose the frames to decode: (decord reader, frame numbers, file fps)."""
     vr = _open(path)
-    n = len(vr)
-    if n == 0:
+    if len(vr) == 0:
         raise VideoError(f"video {str(path)!r} has zero frames; nothing to describe")
     rate = float(vr.get_avg_fps() or 0.0)
-    idx = sample_indices(n, rate, frames, fps, source=f"video {str(path)!r}")
+    return vr, sample_indices(len(vr), rate, frames, fps, source=f"video {str(path)!r}"), rate
+
+
+def read_video(path: str | os.PathLike, *, frames: int | None = None, fps: float | None = None) -> VideoClip:
+    """Decode sampled frames of a video file as uint8 RGB."""
+    vr, idx, rate = open_sampled(path, frames, fps)
     try:
         batch = torch.from_numpy(vr.get_batch(idx).asnumpy())
     except Exception as exc:
