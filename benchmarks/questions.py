@@ -70,12 +70,15 @@ def tiny_questions(n_videos: int, seed: int) -> tuple[Any, Any, list[list[dict]]
     return target, draft, videos, "tiny random Qwen2.5-VL pair (smoke test only)"
 
 
-def _pipeline(target: Any, draft: Any, keep: float, gamma: int) -> hippo.Pipeline:
-    """HIPPO as the bench's main row builds it (holistic top-k, `hippo` schedule, draft process)."""
+def _pipeline(target: Any, draft: Any, keep: float, gamma: int | str) -> hippo.Pipeline:
+    """HIPPO as the bench's rows build it (holistic top-k, `hippo` schedule, its default executor):
+    γ from the cost model when `gamma` is "auto", else the main row at that γ."""
     from .bench import _pipeline as build
     from .bench import methods
 
-    row = next(m for m in methods(keep, gamma, quick=True, compiled=False) if m.name == "HIPPO")
+    name = "HIPPO, γ from the cost model" if gamma == "auto" else "HIPPO"
+    fixed = 5 if gamma == "auto" else int(gamma)
+    row = next(m for m in methods(keep, fixed, quick=True, compiled=False) if m.name == name)
     return build(row, type("W", (), {"target": target, "draft": draft})())
 
 
@@ -86,8 +89,8 @@ def measure(
     *,
     max_new_tokens: int = 256,
     keep: float = 0.1,
-    gamma: int = 5,
-    threads: int = 1,
+    gamma: int | str = "auto",
+    threads: int = 2,
 ) -> dict:
     """Per method: total seconds per video (median over videos), per-question seconds and TTFT
     (per position, median over videos), whether every answer equals HF's; plus memory per context."""
@@ -178,8 +181,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--size", type=int, default=168)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--keep", type=float, default=0.1)
-    ap.add_argument("--gamma", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--gamma", default="auto", help='draft length γ, or "auto" (default: the cost model)')
+    ap.add_argument("--threads", type=int, default=2, help="cores for HF generate and prepare (default: 2)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the result here")
     a = ap.parse_args(argv)

@@ -17,8 +17,10 @@ length, k = question tokens, N = visual tokens.
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
 PER_TOKEN = {"input_ids": None, "attention_mask": 1, "mm_token_type_ids": 0, "token_type_ids": 0}
 
 MiB = 2**20
+
+_KEYS = itertools.count()  # VideoContext.key: unique in this process, never reused
 
 
 def truncate_inputs(inputs: dict[str, Any], length: int) -> dict[str, Any]:
@@ -77,6 +81,43 @@ def extend_encoded(
         positions=positions.to(prefix.positions.device),
         next_position=next_position,
     )
+
+
+@attrs.frozen
+class DraftPrefix:
+    """How the draft q gets a question's encoded prompt on a video context: its own encoding of the
+    context's prefix, computed once and kept in a `store` (the context's, or a draft process's),
+    extended by the question's tokens. Picklable: it travels to a draft process as it is."""
+
+    key: int  # the context's VideoContext.key
+    prefix_inputs: dict[str, Any]  # the prefix's processor inputs (input_ids [1, P])
+    inputs: dict[str, Any]  # the whole prompt's processor inputs (input_ids [1, L])
+    question: torch.Tensor  # [k] the tokens after the prefix
+
+    def encode(self, adapter: Adapter, store: MutableMapping[int, Encoded]) -> Encoded:
+        prefix = store.get(self.key)
+        if prefix is None:
+            prefix = store[self.key] = adapter.encode(self.prefix_inputs)
+        return extend_encoded(adapter, prefix, self.inputs, self.question)
+
+
+class EncodingStore(OrderedDict):
+    """The draft's encoded video prefixes by context key, the `size` most recently used kept."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def get(self, key: int, default: Any = None) -> Any:
+        if key in self:
+            self.move_to_end(key)
+        return super().get(key, default)
+
+    def __setitem__(self, key: int, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
 
 
 def tensor_bytes(*objs: Any) -> int:
@@ -159,7 +200,8 @@ class VideoContext:
         self.capture = capture
         self.tokenizer = tokenizer
         self.memo: dict = {}  # question-independent scores (ScoringContext.memo)
-        self._draft_encoded: Encoded | None = None
+        self.key = next(_KEYS)
+        self._draft_store: dict[int, Encoded] = {}  # q's encoded prefix (DraftPrefix), once used
         self._lock = threading.Lock()
         self.closed = False
 
@@ -172,22 +214,22 @@ class VideoContext:
     def prefix_ids(self) -> torch.Tensor:  # [P]
         return self.encoded.input_ids.cpu()
 
-    def draft_encoded(self) -> Encoded:
-        """q's encoded prefix (its own vision features), computed on first use and kept."""
+    def draft_encoded(self, prefix: DraftPrefix) -> Encoded:
+        """q's encoding of a question's prompt: the prefix's (its own vision features) is computed
+        on first use and kept here."""
         with self._lock:
-            if self._draft_encoded is None:
-                self._check_open()
-                self._draft_encoded = self.pipeline.draft_adapter.encode(self.inputs)
-            return self._draft_encoded
+            self._check_open()
+            return prefix.encode(self.pipeline.draft_adapter, self._draft_store)
 
     def memory(self) -> dict[str, int]:
         """Bytes held: "kv" (p's cache), "features" (p's encoded prefix, scorer capture, memo),
-        "draft_features" (q's encoded prefix, once used), "total"."""
+        "draft_features" (q's encoded prefix, once used in this process; a `process` executor's draft
+        keeps its own copy there), "total"."""
         if self.closed:
             return {"kv": 0, "features": 0, "draft_features": 0, "total": 0}
         kv = tensor_bytes(self.cache)
         feats = tensor_bytes(self.encoded, self.prefix_logits, self.memo, _capture_tensors(self.capture))
-        draft = tensor_bytes(self._draft_encoded) if self._draft_encoded is not None else 0
+        draft = tensor_bytes(self._draft_store)
         return {"kv": kv, "features": feats, "draft_features": draft, "total": kv + feats + draft}
 
     @property
@@ -203,8 +245,8 @@ class VideoContext:
     def close(self) -> None:
         """Free the cached KV and features; the context cannot answer afterwards."""
         self.closed = True
-        self.cache = self.encoded = self.capture = self._draft_encoded = self.prefix_logits = None
-        self.memo = {}
+        self.cache = self.encoded = self.capture = self.prefix_logits = None
+        self.memo, self._draft_store = {}, {}
         self.pipeline._contexts.discard(self)
 
     def _check_open(self) -> None:
@@ -308,10 +350,12 @@ class Turn:
             self._target = extend_encoded(adapter, self.ctx.encoded, self.inputs, self.question)
         return self._target
 
+    def draft_prefix(self) -> DraftPrefix:
+        return DraftPrefix(self.ctx.key, self.ctx.inputs, self.inputs, self.question)
+
     def draft_encoded(self) -> Encoded:
         if self._draft is None:
-            adapter = self.ctx.pipeline.draft_adapter
-            self._draft = extend_encoded(adapter, self.ctx.draft_encoded(), self.inputs, self.question)
+            self._draft = self.ctx.draft_encoded(self.draft_prefix())
         return self._draft
 
     def prefill_target(self, scorer: Scorer | None) -> KVSession:

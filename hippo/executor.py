@@ -84,7 +84,8 @@ class Executor(Component):
         """A worker for this job's draft (inputs, sampling policy, drafter)."""
 
     def target(self, kind: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run one piece of target work in this process; `kind` is "prefill" or "verify"."""
+        """Run one piece of target work in this process; `kind` is "prefill", "extend" (a video
+        context's question: its own tokens after the cached prefix) or "verify"."""
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)

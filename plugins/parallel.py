@@ -54,7 +54,7 @@ class ParallelConfig:
     gamma: int | str = attrs.field(default=5, validator=gamma_option)  # "auto": the cost model (hippo.cost)
     auto_gamma: bool = False  # γ ≈ target verify time / draft step time, measured during the run
     gamma_max: int = attrs.field(default=16, validator=positive_int)
-    executor: str = "inline"
+    executor: str = "auto"  # the machine decides: hippo_plugins.auto_executor
     executor_options: dict = attrs.field(factory=dict)
     sync_prefill: bool = False
     abort: bool = False
@@ -103,8 +103,10 @@ class ParallelScheduler(Scheduler):
     def _start(self, job: DecodeJob, worker: DraftWorker):
         """Prefill both sides; returns (target session, unverified draft buffer or None)."""
         cfg, ex = self.config, self.executor
+        # a question on a video context prefills only its own tokens: an "extend", not a "prefill"
+        kind = "prefill" if job.turn is None else "extend"
         if cfg.prune == "late":
-            target = ex.target("prefill", job.prefill_target)
+            target = ex.target(kind, job.prefill_target)
             worker.prefill(job.prune())
             return target, None
         job.target_encoded()  # the target's vision encoder: the visual tokens to score
@@ -112,7 +114,7 @@ class ParallelScheduler(Scheduler):
         worker.prefill(early)
         if cfg.sync_prefill:
             worker.submit(job.prefix(), min(cfg.buffer_max, job.remaining))
-        target = ex.target("prefill", job.prefill_target)
+        target = ex.target(kind, job.prefill_target)
         buffer = None
         if cfg.sync_prefill:
             worker.stop()

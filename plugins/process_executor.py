@@ -3,8 +3,9 @@
 Transport is torch.multiprocessing (spawn context): command and result queues, whose tensors travel
 through shared memory, and one shared integer that asks the in-flight drafting to stop. The child
 holds the draft model (shared, not copied) and rebuilds its adapter with the adapter's own
-`options`; the job's `DraftSide` there encodes the video with the draft's own vision tower,
-prefills on the kept visual tokens and drafts on request, reporting the wall-clock interval of every
+`options`; the job's `DraftSide` there encodes the video with the draft's own vision tower (a video
+context's question: the prefix's encoding, kept in the child for its last `contexts` contexts, plus
+the question's tokens), prefills on the kept visual tokens and drafts on request, reporting the wall-clock interval of every
 piece of work so the parent can measure how much draft time was hidden behind the target.
 
 The process starts on first use, is reused by later `generate` calls, and is shut down by
@@ -15,6 +16,7 @@ scheduler finishes with the target alone.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import time
@@ -28,6 +30,7 @@ import torch.multiprocessing as mp
 
 from hippo import hookimpl
 from hippo.config import positive_int
+from hippo.context import DraftPrefix, EncodingStore
 from hippo.draft import DraftSide
 from hippo.executor import DraftFailure, DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
@@ -45,6 +48,13 @@ def _shared(payload: Any) -> Any:
         return payload.share_memory_()
     if isinstance(payload, DraftProposal):
         return payload.map_tensors(_shared)
+    if isinstance(payload, DraftPrefix):
+        return attrs.evolve(
+            payload,
+            prefix_inputs=_shared(payload.prefix_inputs),
+            inputs=_shared(payload.inputs),
+            question=_shared(payload.question),
+        )
     if isinstance(payload, tuple | list):
         return type(payload)(_shared(x) for x in payload)
     if isinstance(payload, dict):
@@ -52,11 +62,12 @@ def _shared(payload: Any) -> Any:
     return payload
 
 
-def _worker_main(model, adapter_cls, adapter_options, threads, cmd_q, res_q, stop_ticket) -> None:
+def _worker_main(model, adapter_cls, adapter_options, threads, contexts, cmd_q, res_q, stop_ticket) -> None:
     """The draft process: serve ("job" | "prefill" | "propose" | "close") commands in order."""
     torch.set_num_threads(threads)
     adapter = adapter_cls(model, **adapter_options)
     side: DraftSide | None = None
+    store = EncodingStore(contexts)  # the draft's encoded video prefixes of recent video contexts
     parent = mp.parent_process()
     while True:
         try:
@@ -71,10 +82,12 @@ def _worker_main(model, adapter_cls, adapter_options, threads, cmd_q, res_q, sto
         try:
             result: Any = None
             if cmd == "job":
-                inputs, policy, drafter, static, new_tokens = payload  # policy: forked, its own generator
+                # policy: forked, its own generator; prefix: a video context's DraftPrefix, or None
+                inputs, policy, drafter, static, new_tokens, prefix = payload
                 if side is not None:
                     side.close()
-                side = DraftSide(adapter, drafter, inputs, policy, static=static, new_tokens=new_tokens)
+                encode = None if prefix is None else functools.partial(prefix.encode, adapter, store)
+                side = DraftSide(adapter, drafter, inputs, policy, encode, static, new_tokens)
             elif cmd == "prefill":
                 side.prefill(payload)
             elif cmd == "propose":
@@ -106,7 +119,7 @@ def _shutdown(proc, cmd_q) -> None:
 class _DraftProcess:
     """The child process and its queues, owned by one ProcessExecutor."""
 
-    def __init__(self, model, adapter_cls, adapter_options: dict, threads: int):
+    def __init__(self, model, adapter_cls, adapter_options: dict, threads: int, contexts: int):
         ctx = mp.get_context("spawn")
         self.cmd_q, self.res_q = ctx.Queue(), ctx.Queue()
         self.stop_ticket = ctx.Value("q", -1, lock=False)
@@ -115,7 +128,16 @@ class _DraftProcess:
         try:
             self.proc = ctx.Process(
                 target=_worker_main,
-                args=(model, adapter_cls, adapter_options, threads, self.cmd_q, self.res_q, self.stop_ticket),
+                args=(
+                    model,
+                    adapter_cls,
+                    adapter_options,
+                    threads,
+                    contexts,
+                    self.cmd_q,
+                    self.res_q,
+                    self.stop_ticket,
+                ),
                 daemon=True,
                 name="hippo-draft",
             )
@@ -153,9 +175,16 @@ class ProcessDraftWorker(DraftWorker):
         self._asked: tuple[int, int] = (-1, 0)  # the in-flight drafting's (start position, γ)
         # the draft side's policy: forked here (the child's own generator), the target's V inside
         p = job.pipeline
-        self.dp.send(
-            "job", (dict(job.inputs), job.policy.fork(), p.drafter, p.static["draft"], job.max_new_tokens)
+        prefix = None if job.turn is None else job.turn.draft_prefix()
+        payload = (
+            dict(job.inputs),
+            job.policy.fork(),
+            p.drafter,
+            p.static["draft"],
+            job.max_new_tokens,
+            prefix,
         )
+        self.dp.send("job", payload)
 
     def _wait(self, ticket: int):
         """Read results until `ticket`'s arrives; every other result is bookkeeping."""
@@ -231,10 +260,14 @@ class ProcessExecutor(Executor):
         threads: int = attrs.field(default=1, validator=positive_int)
         timeout: float = attrs.field(default=120.0, validator=attrs.validators.gt(0))
         #: threads for the target's prefill (None: `threads`); more than `threads` borrows the draft's
-        #: cores while the draft is mostly idle (it only prefills its pruned input and buffers γ)
+        #: cores while the draft is mostly idle (it only prefills its pruned input and buffers γ). Not
+        #: for a video context's question ("extend"): a few tokens gain nothing from more threads,
+        #: and lose to the draft buffering beside them (measured: 70-100 ms against 40-45 ms for 9)
         prefill_threads: int | None = attrs.field(
             default=None, validator=attrs.validators.optional(positive_int)
         )
+        #: video contexts whose draft encoding the draft process keeps (least recently used dropped)
+        contexts: int = attrs.field(default=4, validator=positive_int)
 
     def __init__(self, config=None):
         super().__init__(config)
@@ -248,7 +281,8 @@ class ProcessExecutor(Executor):
         if self._dp is None or not self._dp.alive or self._key != key:
             if self._dp is not None:
                 self._dp.close()
-            self._dp = _DraftProcess(adapter.model, type(adapter), adapter.options, self.config.threads)
+            cfg = self.config
+            self._dp = _DraftProcess(adapter.model, type(adapter), adapter.options, cfg.threads, cfg.contexts)
             self._key = key
         return self._dp
 

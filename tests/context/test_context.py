@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -75,7 +76,8 @@ def test_question_independent_work_is_done_once(monkeypatch):
             return orig(self, visual)
 
         monkeypatch.setattr(cls, "_score", counted)
-    pipe, words = pipeline("qwen2_5_vl", "hippo"), hm.text_ids(hm.tiny("qwen2_5_vl"))
+    inline = {"executor": "inline", "executor_options": {"overlap": "off"}}  # counted in this process
+    pipe, words = pipeline("qwen2_5_vl", "hippo", executor=inline), hm.text_ids(hm.tiny("qwen2_5_vl"))
     encode = pipe.draft_adapter.encode
 
     def draft_encode(inputs):
@@ -125,11 +127,22 @@ def test_a_prompt_without_video_is_refused():
         pipe.prepare({"input_ids": torch.tensor([[5, 6, 7]])})
 
 
-@pytest.mark.parametrize("executor", ["process"])
-def test_draft_in_another_process(executor):
-    """The process executor's draft encodes the whole question prompt itself; output unchanged."""
+def test_draft_process_keeps_the_video_encoding(monkeypatch):
+    """The process executor's draft gets each question as a `DraftPrefix` of its context (so it
+    encodes the video once and keeps it in its own store); every answer is target.generate's."""
+    from hippo_plugins import process_executor
+
+    sent = []
+    send = process_executor._DraftProcess.send
+
+    def spy(self, cmd, payload):
+        if cmd == "job":
+            sent.append(payload[-1])
+        return send(self, cmd, payload)
+
+    monkeypatch.setattr(process_executor._DraftProcess, "send", spy)
     target = hm.tiny("qwen2_5_vl")
-    pipe = pipeline("qwen2_5_vl", "pearl", executor={"executor": executor, "executor_options": {}})
+    pipe = pipeline("qwen2_5_vl", "pearl", executor={"executor": "process", "executor_options": {}})
     try:
         ctx = pipe.prepare(prompt("qwen2_5_vl").inputs)
         for after in ([5, 7], [9, 11, 13]):
@@ -140,6 +153,32 @@ def test_draft_in_another_process(executor):
             )
     finally:
         pipe.close()
+    assert [p.key for p in sent] == [ctx.key, ctx.key]
+    assert [p.question.tolist()[-3:] for p in sent] == [[151, 5, 7], [9, 11, 13]]
+
+
+def test_the_encoding_store_encodes_a_prefix_once():
+    """`DraftPrefix.encode` through an `EncodingStore` (a draft process's): one encoding per
+    context, the least recently used dropped beyond its size, and the question's extension right."""
+    from hippo.context import EncodingStore
+
+    pipe, full = pipeline("qwen2_5_vl"), prompt("qwen2_5_vl")
+    ctx = pipe.prepare(full.inputs)
+    adapter, calls = pipe.draft_adapter, []
+    encode = adapter.encode
+    adapter.encode = lambda inputs: calls.append(1) or encode(inputs)
+    store = EncodingStore(1)
+    question = full.inputs["input_ids"][0, ctx.length :]
+    prefix = Turn(ctx, question).draft_prefix()
+    one, two = prefix.encode(adapter, store), prefix.encode(adapter, store)
+    whole = encode(full.inputs)
+    assert (
+        len(calls) == 1
+        and torch.equal(one.embeds, whole.embeds)
+        and torch.equal(two.positions, whole.positions)
+    )
+    attrs.evolve(prefix, key=ctx.key + 1).encode(adapter, store)  # another context: evicts the first
+    assert list(store) == [ctx.key + 1] and len(calls) == 2
 
 
 def test_text_questions_about_a_video_file(tmp_path):
