@@ -295,7 +295,7 @@ def _timed(call: Callable, repeats: int) -> tuple[torch.Tensor, dict, list[float
 def _project(m: Method, w: Workload, per_video: list[dict], gen: dict) -> list[float] | None:
     """Each video's virtual seconds on the paper's hardware (`projection.py`); None where the row
     has no projection (tree drafting, HF's own loops other than plain generate)."""
-    from .projection import autoregressive_seconds, serial_seconds, simulated_options
+    from .projection import autoregressive_seconds, paper_curve, serial_seconds, simulated_options
 
     if m.hf == "generate" or m.scheduler == "autoregressive":
         return [autoregressive_seconds(v["new_tokens"]) for v in per_video]
@@ -305,6 +305,8 @@ def _project(m: Method, w: Workload, per_video: list[dict], gen: dict) -> list[f
         return [serial_seconds(v["stats"]) for v in per_video]
     sim = Method(**{**m.__dict__, "scheduler_options": simulated_options(m.scheduler_options)})
     pipe = _pipeline(sim, w)
+    if pipe.scheduler.auto is not None:  # γ from the cost model: on the paper's costs, not this CPU's
+        pipe.scheduler.auto.curve = paper_curve()
     try:
         seconds = []
         for inputs in w.inputs:

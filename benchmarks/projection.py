@@ -12,7 +12,8 @@ paper's Table 2 (video-SALMONN2+ 72B target, 7B draft, 4x H200, 256 new tokens):
 
 Serial rows are charged in closed form from their per-round counts. Parallel rows (`pearl`,
 `hippo`) are re-run on the `simulated` executor with these durations, so draft and target overlap
-on its virtual clock exactly as the schedule decides. It is a projection, labelled as such, not a
+on its virtual clock exactly as the schedule decides; with `gamma="auto"` their cost model is given
+the paper's verify curve (one forward at any width), not this CPU's. It is a projection, labelled as such, not a
 measurement.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hippo.cost import VerifyCurve
 from hippo_benchmarks.regime import PAPER
 
 T_FORWARD = PAPER["target_decode_ar"] / PAPER["new_tokens"]
@@ -44,6 +46,12 @@ def serial_seconds(stats: dict) -> float:
         + drafted * COSTS["draft_forward"]
         + stats["rounds"] * COSTS["target_forward"]
     )
+
+
+def paper_curve() -> VerifyCurve:
+    """t_verify(k) on the paper's hardware for `gamma="auto"` rows: one target forward, any width (a
+    replay must not choose γ from this CPU's verify curve while paying the paper's costs)."""
+    return VerifyCurve({1: COSTS["target_forward"], 64: COSTS["target_forward"]})
 
 
 def simulated_options(options: dict[str, Any]) -> dict[str, Any]:

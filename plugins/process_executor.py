@@ -3,10 +3,11 @@
 Transport is torch.multiprocessing (spawn context): command and result queues, whose tensors travel
 through shared memory, and one shared integer that asks the in-flight drafting to stop. The child
 holds the draft model (shared, not copied) and rebuilds its adapter with the adapter's own
-`options`; the job's `DraftSide` there encodes the video with the draft's own vision tower (a video
-context's question: the prefix's encoding, kept in the child for its last `contexts` contexts, plus
-the question's tokens), prefills on the kept visual tokens and drafts on request, reporting the wall-clock interval of every
-piece of work so the parent can measure how much draft time was hidden behind the target.
+`options`; the job's `DraftSide` there encodes the video with the draft's own vision tower (for a
+video context's question: the prefix's encoding, kept in the child for its last `contexts` contexts,
+plus the question's tokens), prefills on the kept visual tokens and drafts on request, reporting the
+wall-clock interval of every piece of work so the parent can measure how much draft time was hidden
+behind the target.
 
 The process starts on first use, is reused by later `generate` calls, and is shut down by
 `Pipeline.close()` or garbage collection (a weakref finaliser): no zombie is left behind. A draft
