@@ -13,8 +13,8 @@ paper's Table 2 (video-SALMONN2+ 72B target, 7B draft, 4x H200, 256 new tokens):
 Serial rows are charged in closed form from their per-round counts. Parallel rows (`pearl`,
 `hippo`) are re-run on the `simulated` executor with these durations, so draft and target overlap
 on its virtual clock exactly as the schedule decides; with `gamma="auto"` their cost model is given
-the paper's verify curve (one forward at any width), not this CPU's. It is a projection, labelled as such, not a
-measurement.
+the paper's verify curve (one forward at any width), not this CPU's. It is a projection, labelled as
+such, not a measurement.
 """
 
 from __future__ import annotations

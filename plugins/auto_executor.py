@@ -3,10 +3,12 @@ the machine, the models and the decoding.
 
 - the draft is the target model itself (self-speculation), or the process may use one core only:
   `inline`, one after the other (nothing can run beside the target);
-- a model on CUDA: `inline`, whose own "auto" overlap puts the draft on a thread and a CUDA stream;
-- sampling: `inline`, one after the other. Beside the target, how far the draft got before an abort
-  depends on timing, and so do the random draws after it: exact in law, but a seeded run would not
-  repeat token for token. Choose `process` explicitly to sample in parallel;
+- sampling: `inline`, one after the other. Beside the target (a process, or a thread on CUDA), how
+  far the draft got before an abort depends on timing, and so do the random draws after it: exact in
+  law, but a seeded run would not repeat token for token. Choose `process` explicitly to sample in
+  parallel;
+- greedy, a model on CUDA: `inline`, whose own "auto" overlap puts the draft on a thread and a CUDA
+  stream;
 - greedy, both models on CPU, c >= 2 cores: `process`. The draft gets c // 2 threads in its own
   process and the target as many for decoding (bandwidth-bound: one thread decodes about as fast
   as two here); the target takes all c cores for its prefill (compute-bound), while the draft
@@ -28,10 +30,13 @@ import attrs
 
 from hippo import hookimpl
 from hippo.config import positive_int
+from hippo.errors import ConfigError
 from hippo.executor import DraftWorker, Executor
 from hippo.job import DecodeJob
 from hippo.registry import lookup
 from hippo_plugins.thread_worker import model_device
+
+CHOICES = ("inline", "process")  # the executors `auto` may pick
 
 
 def usable_cores() -> int:
@@ -46,12 +51,10 @@ def choose(job: DecodeJob, cores: int) -> tuple[str, dict[str, Any]]:
     """(executor name, options) for this job on `cores` CPU cores (see the module doc)."""
     p = job.pipeline
     target, draft = p.target_adapter.model, p.draft_adapter.model
-    if draft is target or cores < 2:
+    if draft is target or cores < 2 or job.policy.do_sample:
         return "inline", {"overlap": "off"}
     if "cuda" in (model_device(target).type, model_device(draft).type):
         return "inline", {"overlap": "auto"}
-    if job.policy.do_sample:
-        return "inline", {"overlap": "off"}
     return "process", {"threads": cores // 2, "prefill_threads": cores}
 
 
@@ -64,18 +67,25 @@ class AutoExecutor(Executor):
         #: options for a chosen executor, by its name (e.g. {"process": {"timeout": 60}})
         options: dict = attrs.field(factory=dict)
 
+        @options.validator
+        def _names(self, _attr, value):
+            unknown = sorted(set(value) - set(CHOICES))
+            if unknown:
+                raise ConfigError(
+                    f"auto executor options name {unknown}; it only chooses among {', '.join(CHOICES)}"
+                )
+
     def __init__(self, config=None):
         super().__init__(config)
         self.executors: dict[str, Executor] = {}  # by name, built on first choice
         self.chosen: Executor | None = None  # the current job's
-        self.choice: tuple[str, dict[str, Any]] | None = None
 
     def open(self, job: DecodeJob) -> DraftWorker:
         name, options = choose(job, self.config.cores or usable_cores())
-        options = {**options, **self.config.options.get(name, {})}
         if name not in self.executors:
+            options = {**options, **self.config.options.get(name, {})}
             self.executors[name] = lookup("executors", name).from_options(**options)
-        self.chosen, self.choice = self.executors[name], (name, options)
+        self.chosen = self.executors[name]
         return self.chosen.open(job)
 
     def target(self, kind: str, fn, *args, **kwargs):

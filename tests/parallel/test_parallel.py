@@ -411,6 +411,11 @@ def test_auto_executor_chooses_by_machine(self_spec, cores, name, options):
     assert choose(sampling, cores) == ("inline", {"overlap": "off"})  # a seeded run repeats exactly
 
 
+def test_auto_executor_refuses_options_for_an_executor_it_never_picks():
+    with pytest.raises(hippo.errors.ConfigError, match="only chooses among inline, process"):
+        build("hippo", False, executor="auto", executor_options={"options": {"proces": {"timeout": 1}}})
+
+
 def test_auto_executor_runs_a_draft_process_losslessly(no_leaks):
     """The chosen process executor runs (target prefill on both cores); output unchanged."""
     from hippo_plugins.process_executor import ProcessExecutor
@@ -423,6 +428,6 @@ def test_auto_executor_runs_a_draft_process_losslessly(no_leaks):
         out = pipe.generate(inputs, max_new_tokens=12, do_sample=False)
         assert torch.equal(out.sequences, ref) and not out.stats.fallback
         ex = pipe.scheduler.executor
-        assert isinstance(ex.chosen, ProcessExecutor) and ex.choice[1]["timeout"] == 60
+        assert isinstance(ex.chosen, ProcessExecutor) and ex.chosen.config.timeout == 60
         assert ex.pid is not None and ex.chosen.config.prefill_threads == 2
     assert ex.pid is None
