@@ -71,7 +71,7 @@ def tiny_questions(n_videos: int, seed: int) -> tuple[Any, Any, list[list[dict]]
 
 
 def _pipeline(target: Any, draft: Any, keep: float, gamma: int | str) -> hippo.Pipeline:
-    """HIPPO as the bench's rows build it (holistic top-k, `hippo` schedule, its default executor):
+    """HIPPO as the bench's rows build it (holistic top-k, `hippo` schedule, a draft process):
     γ from the cost model when `gamma` is "auto", else the main row at that γ."""
     from .bench import _pipeline as build
     from .bench import methods

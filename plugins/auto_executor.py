@@ -1,21 +1,26 @@
 """`executor="auto"` (the default of `pearl` and `hippo`): where the draft runs, chosen per job from
 the machine, the models and the decoding.
 
-- the draft is the target model itself (self-speculation), or the process may use one core only:
-  `inline`, one after the other (nothing can run beside the target);
+- the draft is the target model itself (self-speculation), or fewer than `PROCESS_CORES` cores:
+  `inline`, one after the other, each model on all cores;
 - sampling: `inline`, one after the other. Beside the target (a process, or a thread on CUDA), how
   far the draft got before an abort depends on timing, and so do the random draws after it: exact in
   law, but a seeded run would not repeat token for token. Choose `process` explicitly to sample in
   parallel;
 - greedy, a model on CUDA: `inline`, whose own "auto" overlap puts the draft on a thread and a CUDA
   stream;
-- greedy, both models on CPU, c >= 2 cores: `process`. The draft gets c // 2 threads in its own
-  process and the target as many for decoding (bandwidth-bound: one thread decodes about as fast
-  as two here); the target takes all c cores for its prefill (compute-bound), while the draft
-  buffers its first tokens beside it. Measured on 2 cores (narration pair, 256 tokens, `hippo`,
-  γ auto, medians of 6 runs): 1.91x over HF `generate` against 1.71x with the prefill on one core
-  and 1.72x with the draft on a thread; giving the target both cores while decoding too
-  (oversubscribed) fell to 1.36x, and lowering the draft process's priority did not help (1.74x).
+- greedy, both models on CPU, c >= `PROCESS_CORES` cores: `process`, the draft on c // 2 threads in
+  its own process, the target decoding on as many and prefilling on all c.
+
+Measured on 2 cores (narration pair, 256 tokens, `hippo`, γ auto, holistic top-k 0.1, every output
+identical): one after the other on both cores, 1.12-1.24 s per clip (median of 4, two runs);
+a draft process with the target's prefill on both cores, 1.38-1.54 s; one core per model
+throughout, 1.35-1.59 s. In another script, the draft on a thread did no better than a process
+(1.72x against 1.71-1.91x over HF), the target decoding on both cores beside the draft process
+(oversubscribed) fell to 1.36x, and lowering the draft process's priority did not help. Here the
+draft costs 1/11-1/18 of the target per token, so hiding it saves less than the target loses by
+giving up a core in every verification. Whether a draft process pays with 4 or more cores is
+not measured here (no such machine); it is the paper's premise, each model on its own device.
 
 Each chosen executor is built once and kept (a draft process is reused by later greedy jobs).
 Options given here reach the executor they name (e.g. {"process": {"timeout": 60}}).
@@ -37,6 +42,7 @@ from hippo.registry import lookup
 from hippo_plugins.thread_worker import model_device
 
 CHOICES = ("inline", "process")  # the executors `auto` may pick
+PROCESS_CORES = 4  # the fewest CPU cores on which greedy decoding puts the draft in its own process
 
 
 def usable_cores() -> int:
@@ -51,7 +57,7 @@ def choose(job: DecodeJob, cores: int) -> tuple[str, dict[str, Any]]:
     """(executor name, options) for this job on `cores` CPU cores (see the module doc)."""
     p = job.pipeline
     target, draft = p.target_adapter.model, p.draft_adapter.model
-    if draft is target or cores < 2 or job.policy.do_sample:
+    if draft is target or cores < PROCESS_CORES or job.policy.do_sample:
         return "inline", {"overlap": "off"}
     if "cuda" in (model_device(target).type, model_device(draft).type):
         return "inline", {"overlap": "auto"}
