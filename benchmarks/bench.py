@@ -47,6 +47,7 @@ class Method:
     parallel: bool = False  # one core per model
     group: str = "main"
     compile: tuple[str, ...] = ()  # roles on compiled static-cache sessions (PipelineBuilder.compile)
+    pack: tuple[str, ...] | None = None  # roles with packed linear weights (None: hippo's default)
 
 
 def _keep(ratio: float) -> dict:
@@ -87,6 +88,11 @@ def methods(keep: float, gamma: int, *, quick: bool, compiled: bool = True) -> l
         hippo_row("HIPPO"),
         hippo_row("HIPPO, γ from the cost model", options={"gamma": "auto"}),
         Method("SD (serial, full video), γ from the cost model", scheduler_options={"gamma": "auto"}),
+        Method(
+            "SD (serial, full video), γ from the cost model, unpacked target",
+            scheduler_options={"gamma": "auto"},
+            pack=(),
+        ),
         *(
             [
                 hippo_row(
@@ -242,6 +248,8 @@ def _pipeline(m: Method, w: Workload) -> hippo.Pipeline:
     b.scorer(m.scorer, **m.scorer_options).selector(m.selector, **m.selector_options).drafter(m.drafter)
     if m.compile:
         b.compile(*m.compile)
+    if m.pack is not None:
+        b.pack(*m.pack)
     return b.scheduler(m.scheduler, **m.scheduler_options).build()
 
 

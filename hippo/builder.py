@@ -24,6 +24,7 @@ import torch
 from hippo.checkpoint import check_backbone_fits, check_checkpoint, check_same_backbone, load_failed
 from hippo.errors import ConfigError, ModelError
 from hippo.interfaces import Adapter, make_config
+from hippo.packed import MAX_ROWS, PackedSessions
 from hippo.pipeline import Pipeline
 from hippo.registry import lookup, plugin_manager, resolve_adapter
 from hippo.sampling import check_vocab
@@ -71,6 +72,9 @@ class PipelineConfig:
     device: str | None = None
     #: static-cache compiled sessions: `{"roles": ["target"], "mode": "inductor"}` (None: off)
     compile: dict | None = None
+    #: packed linear weights for few-token forwards: `{"roles": ["target"], "max_rows": 64}`
+    #: (None: the builder's default, the target's; `{"roles": []}`: off)
+    pack: dict | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PipelineConfig:
@@ -153,6 +157,7 @@ class PipelineBuilder:
         self._specs: dict[str, PartSpec | None] = {}
         self._device: str | None = None
         self._static: dict[str, StaticSessions | None] = {"target": None, "draft": None}
+        self._packed: dict[str, PackedSessions | None] = {"target": PackedSessions(), "draft": None}
         defaults = PipelineConfig()
         for kind in KINDS:
             self._set(kind, getattr(defaults, kind))
@@ -256,6 +261,13 @@ class PipelineBuilder:
                 *config.compile.get("roles", ROLES),
                 **{k: v for k, v in config.compile.items() if k != "roles"},
             )
+        if config.pack is not None:
+            if not isinstance(config.pack, dict):
+                raise ConfigError(f"pack must be a table like {{roles = ['target']}}, got {config.pack!r}")
+            b.pack(
+                *config.pack.get("roles", ["target"]),
+                **{k: v for k, v in config.pack.items() if k != "roles"},
+            )
         return b
 
     # ---- sessions ---------------------------------------------------------------------------
@@ -268,6 +280,18 @@ class PipelineBuilder:
         kind = StaticSessions(mode=mode, headroom=headroom)
         for role in roles or ROLES:
             self._static[role] = kind
+        return self
+
+    def pack(self, *roles: str, max_rows: int = MAX_ROWS) -> PipelineBuilder:
+        """Run exactly these roles' forwards of 2..`max_rows` tokens (verifications, catch-ups) on
+        oneDNN-packed linear weights (`hippo.packed`; CPU fp32, inert elsewhere). The target is
+        packed by default; `.pack()` with no role turns packing off, `.pack("target", "draft")`
+        packs both."""
+        unknown = set(roles) - set(ROLES)
+        if unknown:
+            raise ConfigError(f"pack roles must be among {', '.join(ROLES)}; got {sorted(unknown)}")
+        kind = PackedSessions(max_rows=max_rows)
+        self._packed = {role: kind if role in roles else None for role in ROLES}
         return self
 
     # ---- build ------------------------------------------------------------------------------
@@ -324,5 +348,8 @@ class PipelineBuilder:
         pipe = Pipeline(
             target, draft, scorer, selector, self._parts["drafter"], self._parts["verifier"], scheduler, names
         )
-        pipe.static = dict(self._static)
+        pipe.static = {
+            role: self._static[role] if packed is None else attrs.evolve(packed, then=self._static[role])
+            for role, packed in self._packed.items()
+        }
         return pipe

@@ -16,6 +16,7 @@ from hippo.conversation import Conversation, Question, as_ids, text_question_ids
 from hippo.errors import ConfigError, InputError
 from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, Verifier
 from hippo.job import DecodeJob
+from hippo.packed import PackedSessions
 from hippo.registry import lookup, plugin_manager
 from hippo.sampling import TokenPolicy, make_generator, resolve_generation_config
 from hippo.static import StaticSessions
@@ -52,8 +53,9 @@ class Pipeline:
         #: bytes all live video contexts may hold together (None: only the device's free memory limits)
         self.context_budget: int | None = None
         self._contexts: weakref.WeakSet = weakref.WeakSet()
-        #: per role ("target", "draft"): run its sessions on a static cache, compiled (None: dynamic cache)
-        self.static: dict[str, StaticSessions | None] = {"target": None, "draft": None}
+        #: per role ("target", "draft"): what takes over its prefilled sessions: a static cache,
+        #: compiled (`hippo.static`), and/or packed weights (`hippo.packed`); None: as prefilled
+        self.static: dict[str, StaticSessions | PackedSessions | None] = {"target": None, "draft": None}
 
     @property
     def target(self) -> torch.nn.Module:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hippo.errors import UnsupportedError
 from hippo.interfaces import ModelSession
+
+if TYPE_CHECKING:
+    from hippo.packed import PackedLinears
 
 #: (start, k) -> position ids [P, 1, k] for the logical tokens start .. start+k-1 after the prompt
 PositionFn = Callable[[int, int], torch.Tensor]
@@ -49,6 +53,7 @@ class KVSession(ModelSession):
         self.seconds_decode = 0.0
         self.forwards = 0
         self._block: tuple[int, torch.Tensor, torch.Tensor] | None = None  # forward_masked, until keep
+        self.packed: PackedLinears | None = None  # packed linear weights for few-token forwards
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [k] -> [k, V]
@@ -66,8 +71,13 @@ class KVSession(ModelSession):
         return logits
 
     def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # ids [1, k] -> logits [k, V]
-        out = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True)
+        with self._kernels(ids.shape[1]):
+            out = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True)
         return out.logits[0]
+
+    def _kernels(self, rows: int) -> Any:
+        """Where a forward of `rows` tokens runs its linear layers (`hippo.packed`)."""
+        return nullcontext() if self.packed is None else self.packed.rows(rows)
 
     def _reserve(self, k: int) -> None:
         """Make room for k more cache entries before a forward (a dynamic cache grows by itself)."""
@@ -99,13 +109,14 @@ class KVSession(ModelSession):
         allowed = self._block_mask(past, visible)  # [k, kv]
         mask = torch.zeros(allowed.shape, dtype=dtype)  # [k, kv] additive
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        out = self.model(
-            input_ids=tokens.to(self.device, torch.long).view(1, -1),
-            position_ids=pos.to(self.device),
-            attention_mask=mask[None, None].to(self.device),
-            past_key_values=self.cache,
-            use_cache=True,
-        )
+        with self._kernels(k):
+            out = self.model(
+                input_ids=tokens.to(self.device, torch.long).view(1, -1),
+                position_ids=pos.to(self.device),
+                attention_mask=mask[None, None].to(self.device),
+                past_key_values=self.cache,
+                use_cache=True,
+            )
         logits = out.logits[0]
         synchronize(self.device)
         self.seconds_decode += time.perf_counter() - t0

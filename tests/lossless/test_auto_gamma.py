@@ -93,7 +93,7 @@ def test_auto_gamma_samples_the_target_law(scheduler):
         target, hm.tiny(adapter, "draft", 1), scheduler=scheduler, gamma="auto", keep_ratio=0.5
     )
     p, law = prompt(adapter), law_of(adapter)
-    n = 20 * hs.examples(1.0)
+    n = hs.law_runs()
     samples = [
         tuple(hr.new_tokens(pipe.generate(p.inputs, seed=s, **GEN).sequences, p.length)) for s in range(n)
     ]

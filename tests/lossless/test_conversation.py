@@ -42,7 +42,7 @@ def test_questions_equal_target_generate(adapter):
 
 TEMPERATURE, TOP_K, NEW = 1.5, 2, 4
 GEN = {"do_sample": True, "temperature": TEMPERATURE, "top_k": TOP_K, "max_new_tokens": NEW}
-N = 10 * hs.examples(1.0)  # 300 with the ci profile
+N = hs.law_runs()
 
 
 # hippo only: the serial schedule's sampling law on a context goes through the same Turn and

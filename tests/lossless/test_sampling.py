@@ -22,7 +22,7 @@ from hippo.testing import strategies as hs
 ADAPTERS = hp.adapter_params()
 TEMPERATURE, TOP_K, NEW = 1.5, 2, 4
 GEN = {"do_sample": True, "temperature": TEMPERATURE, "top_k": TOP_K, "max_new_tokens": NEW}
-N = 20 * hs.examples(1.0)  # pipeline runs per configuration: 600 with the ci profile, 120 with dev
+N = hs.law_runs()  # pipeline runs per configuration: 300 with the ci profile
 DELTA = 1e-3
 
 

@@ -73,11 +73,11 @@ def test_compiled_target_samples_the_target_law():
         temperature=1.5,
         top_k=2,
         new_tokens=4,
-        runs=10 * hs.examples(1.0),
+        runs=hs.law_runs(),
         sensitivity=None,
         require_partial=False,
     )
-    assert res.runs == 10 * hs.examples(1.0)
+    assert res.runs == hs.law_runs()
 
 
 def test_sessions_are_static_and_rollback_is_a_position_reset(monkeypatch):

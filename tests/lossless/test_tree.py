@@ -303,7 +303,7 @@ def test_tree_samples_the_target_law(config, scheduler, executor):
         target, draft, scheduler=scheduler, gamma=3, drafter="tree", executor=executor, **opts
     )
     p, law = prompt(adapter), law_of(adapter)
-    n = 20 * hs.examples(1.0)
+    n = hs.law_runs()
     samples, rounds = [], []
     for seed in range(n):
         out = pipe.generate(p.inputs, seed=seed, **GEN)

@@ -1,0 +1,154 @@
+"""oneDNN-packed linear weights for the few-token forwards of speculative decoding (CPU, fp32).
+
+A verification feeds γ+1 tokens, so every linear layer multiplies a [γ+1, D] activation by its
+weight. Both that and a one-token step read each weight once, but on CPUs where MKL takes its
+generic path (this project's AMD machines) MKL's small-M sgemm makes a 6-token forward cost 2-2.7
+one-token steps (../shared/notes/cpu-costs.md). oneDNN's linear on a weight reordered for it once
+(`mkldnn._reorder_linear_weight`, what inductor's `freezing` does) runs those widths near the
+bandwidth floor, without compiling anything.
+
+`PackedLinears.of(model)` packs the linear layers of the model's decoder and output head once (a
+second copy of those weights in memory), and `with packed.rows(k):` routes the linear layers of a
+forward of k rows through them when `2 <= k <= max_rows`. The routing is a torch function mode: it
+holds in the calling thread only, and the model is not changed. One-token steps stay on MKL, which
+is as fast there and computes exactly what `generate`'s decoding computes; so do prefills, where
+MKL's large-M sgemm is fast. Anything else (another device or dtype, autograd, a weight changed in
+place since it was packed) takes the ordinary `F.linear`.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from contextlib import nullcontext
+from typing import Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from hippo.errors import ConfigError
+
+#: row counts (tokens of one forward) routed to the packed weights by default: a verification's
+#: γ+1 and a draft's catch-up, never a prompt's prefill
+MAX_ROWS = 64
+
+
+def available() -> bool:
+    """Whether this torch build has oneDNN's packed linear (CPU builds with mkldnn do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+class _Packed:
+    """One linear layer's weight, reordered for oneDNN, with the weight version it was made from."""
+
+    __slots__ = ("weight", "version", "out_features")
+
+    def __init__(self, weight: torch.Tensor):  # [O, I]
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        self.version = weight._version
+        self.out_features = weight.shape[0]
+
+
+class _Route(TorchFunctionMode):
+    """Sends `F.linear` calls on packed weights to oneDNN; every other call runs unchanged."""
+
+    def __init__(self, owner: PackedLinears):
+        super().__init__()
+        self.owner, self.packs = owner, owner.packs
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and len(args) >= 2:
+            x, weight = args[0], args[1]  # x [..., I], weight [O, I]
+            entry = self.packs.get(id(weight))
+            if entry is not None and entry[0] is weight and entry[1].version == weight._version:
+                bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                packed = entry[1]
+                self.owner.routed += 1
+                out = torch.ops.mkldnn._linear_pointwise(
+                    x.reshape(-1, x.shape[-1]), packed.weight, bias, "none", [], ""
+                )  # [rows, O]
+                return out.view(*x.shape[:-1], packed.out_features)
+        return func(*args, **kwargs)
+
+
+class PackedLinears:
+    """A model's decoder and output-head linear weights, packed for oneDNN (see the module's doc)."""
+
+    def __init__(self, model: torch.nn.Module, max_rows: int = MAX_ROWS):
+        self.max_rows = max_rows
+        self.routed = 0  # linear calls that ran on packed weights
+        self.packs: dict[int, tuple[torch.Tensor, _Packed]] = {}
+        if available():
+            for module in _decoder_linears(model):
+                w = module.weight
+                if w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2:
+                    self.packs[id(w)] = (w, _Packed(w))
+        self.bytes = sum(p.weight.numel() * p.weight.element_size() for _, p in self.packs.values())
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, max_rows: int = MAX_ROWS) -> PackedLinears:
+        """The model's packing, made once per (model, max_rows) and shared by its sessions."""
+        with _LOCK:
+            per_model = _PACKINGS.setdefault(model, {})
+            if max_rows not in per_model:
+                per_model[max_rows] = cls(model, max_rows)
+            return per_model[max_rows]
+
+    def rows(self, k: int) -> Any:
+        """A context in which a forward of k rows uses the packed weights (when 2 <= k <= max_rows)."""
+        if not self.packs or not 2 <= k <= self.max_rows or torch.is_grad_enabled():
+            return nullcontext()
+        return _Route(self)
+
+
+def _decoder_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The linear layers a decoding step runs: the decoder's and the output head's (not a vision
+    tower's, which only runs in the prefill)."""
+    parts = []
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    parts.append(decoder if isinstance(decoder, torch.nn.Module) else model)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, torch.nn.Module):
+        parts.append(head)
+    seen: set[int] = set()
+    out = []
+    for part in parts:
+        for m in part.modules():
+            if isinstance(m, torch.nn.Linear) and id(m) not in seen:
+                seen.add(id(m))
+                out.append(m)
+    return out
+
+
+_PACKINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+@attrs.frozen
+class PackedSessions:
+    """Run a role's sessions with packed linear weights for forwards of 2..`max_rows` tokens.
+
+    `open` gives a prefilled `KVSession` its model's packing; a model it cannot pack (not CPU fp32,
+    no oneDNN) or another kind of session runs as before, so the default costs nothing there. `then`: a static-cache kind (`hippo.static`) applied
+    first, for an uncompiled static cache.
+    """
+
+    max_rows: int = attrs.field(default=MAX_ROWS)
+    then: Any = None
+
+    @max_rows.validator
+    def _max_rows(self, _attr, value):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+            raise ConfigError(f"pack max_rows must be an int >= 2 (tokens of one forward), got {value!r}")
+
+    def open(self, session: Any, new_tokens: int) -> Any:
+        from hippo.session import KVSession
+
+        if self.then is not None:
+            session = self.then.open(session, new_tokens)
+        if isinstance(session, KVSession):  # another session kind (a plugin's) runs as it is
+            session.packed = PackedLinears.of(session.model, self.max_rows)
+        return session

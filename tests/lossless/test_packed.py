@@ -1,0 +1,101 @@
+"""Packed linear weights (`hippo.packed`, on by default for the target) change no token.
+
+oneDNN's packed linear has no float64 kernel, so the float64 harness runs with packing inert;
+these tests run in float32, where the packed path is live. A float32 verification and a one-token
+step already round differently (batched vs single-token GEMMs), so equality with `generate` holds
+unless two logits tie within float32 rounding; the fixed cases below have no such tie, and every
+test checks that the packed weights were really used.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import hippo
+from hippo.errors import ConfigError
+from hippo.packed import PackedLinears, PackedSessions, available
+from hippo.testing import models as hm
+from hippo.testing import params as hp
+
+pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN packed linear")
+
+ADAPTERS = [p.values[0] for p in hp.adapter_params() if not p.marks]
+_F32: dict[tuple[str, str], torch.nn.Module] = {}
+
+
+def tiny32(adapter: str, role: str = "target") -> torch.nn.Module:
+    if (adapter, role) not in _F32:
+        cls = hm.part_class("adapters", adapter)
+        _F32[adapter, role] = cls.tiny_model(role, seed=0, dtype=torch.float32).eval()
+    return _F32[adapter, role]
+
+
+def prompt(adapter: str, target) -> dict:
+    inputs = hm.Prompt.default(adapter, target).inputs
+    return {k: v.float() if v.is_floating_point() else v for k, v in inputs.items()}
+
+
+def test_routes_only_few_token_forwards_of_its_own_weights():
+    model = tiny32("qwen2_5_vl")
+    packed = PackedLinears.of(model)
+    assert packed is PackedLinears.of(model) and packed.packs and packed.bytes > 0
+    head = model.get_output_embeddings().weight
+    assert id(head) in packed.packs  # the output head is packed ...
+    vision = next(m.weight for m in model.model.visual.modules() if isinstance(m, torch.nn.Linear))
+    assert id(vision) not in packed.packs  # ... the vision tower is not (it only runs in the prefill)
+    x = torch.randn(1, 6, head.shape[1])  # [B, k, D]
+    with torch.inference_mode():
+        eager = torch.nn.functional.linear(x, head)
+        assert packed.routed == 0
+        for rows in (1, 65):  # a decode step and a prefill stay on the ordinary kernel
+            with packed.rows(rows):
+                torch.nn.functional.linear(x, head)
+        assert packed.routed == 0
+        with packed.rows(6):
+            out = torch.nn.functional.linear(x, head)  # [1, 6, V]
+            other = torch.nn.functional.linear(x, head.clone())  # not a packed weight
+            t = threading.Thread(target=lambda: torch.nn.functional.linear(x, head))
+            t.start()
+            t.join()
+        assert packed.routed == 1  # the routing holds in the calling thread only
+        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(other, eager, rtol=0, atol=0)
+    with torch.no_grad():
+        head.add_(0.0)  # changed in place since packing: the stale packing is not used
+    with torch.inference_mode(), packed.rows(6):
+        torch.nn.functional.linear(x, head)
+    assert packed.routed == 1
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_packed_pipelines_equal_target_generate(adapter):
+    target, draft = tiny32(adapter), tiny32(adapter, "draft")
+    inputs = prompt(adapter, target)
+    ref = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    packed = PackedLinears.of(target)
+    for scheduler, roles in (
+        ("serial", ("target",)),
+        ("hippo", ("target", "draft")),
+        ("serial_tree", ("target",)),
+    ):
+        before = packed.routed
+        b = hippo.PipelineBuilder().target(target).draft(draft).scheduler(scheduler, gamma=4)
+        pipe = b.selector("uniform", keep_ratio=0.5).pack(*roles).build()
+        out = pipe.generate(inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        assert out.sequences.tolist() == ref.tolist(), (adapter, scheduler)
+        assert packed.routed > before, f"{scheduler}: the target's verifications did not use packed weights"
+    pipe = hippo.PipelineBuilder().target(target).draft(draft).pack().build()  # off
+    assert pipe.static["target"] is None
+
+
+def test_pack_options_are_checked():
+    with pytest.raises(ConfigError, match="roles"):
+        hippo.PipelineBuilder().pack("teacher")
+    with pytest.raises(ConfigError, match="max_rows"):
+        hippo.PipelineBuilder().pack("target", max_rows=1)
+    built = hippo.PipelineBuilder.from_config({"pack": {"roles": ["draft"], "max_rows": 16}})
+    assert built._packed == {"target": None, "draft": PackedSessions(max_rows=16)}
+    assert hippo.PipelineBuilder()._packed["target"] == PackedSessions()  # the default
