@@ -348,7 +348,7 @@ class PipelineBuilder:
         pipe = Pipeline(
             target, draft, scorer, selector, self._parts["drafter"], self._parts["verifier"], scheduler, names
         )
-        pipe.static = {
+        pipe.sessions = {
             role: self._static[role] if packed is None else attrs.evolve(packed, then=self._static[role])
             for role, packed in self._packed.items()
         }

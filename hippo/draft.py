@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from hippo.events import EventLog
     from hippo.interfaces import Adapter, Drafter, Encoded, ModelSession
     from hippo.job import DecodeJob
+    from hippo.pipeline import SessionKind
     from hippo.sampling import TokenPolicy
-    from hippo.static import StaticSessions
     from hippo.types import DraftProposal
 
 
@@ -36,12 +36,12 @@ class DraftSide:
         inputs: dict[str, Any],
         policy: TokenPolicy,
         encode: Callable[[], Encoded] | None = None,
-        static: StaticSessions | None = None,  # run the session on a static cache (compiled)
-        new_tokens: int = 0,  # tokens the job may generate (the static cache's room)
+        sessions: SessionKind | None = None,  # takes over each prefilled session (Pipeline.sessions)
+        new_tokens: int = 0,  # tokens the job may generate (a static cache's room)
     ):
         self.adapter, self.drafter, self.inputs, self.policy = adapter, drafter, inputs, policy
         self._encode = encode
-        self.static, self.new_tokens = static, new_tokens
+        self.sessions, self.new_tokens = sessions, new_tokens
         self._encoded: Encoded | None = None
         self.session: ModelSession | None = None
         self._seconds_closed = 0.0  # forward seconds of sessions replaced by a later prefill
@@ -57,7 +57,7 @@ class DraftSide:
         policy = job.policy.fork() if own_policy else job.policy
         encode = job.target_encoded if same else job.draft_encode
         side = cls(
-            p.draft_adapter, p.drafter, job.inputs, policy, encode, p.static["draft"], job.max_new_tokens
+            p.draft_adapter, p.drafter, job.inputs, policy, encode, p.sessions["draft"], job.max_new_tokens
         )
         side.events = job.events
         return side
@@ -76,8 +76,8 @@ class DraftSide:
         t0 = time.perf_counter()
         self._drop_session()
         self.session = self.adapter.prefill(encoded, keep)
-        if self.static is not None:
-            self.session = self.static.open(self.session, self.new_tokens)
+        if self.sessions is not None:
+            self.session = self.sessions.open(self.session, self.new_tokens)
         if self.events is not None:
             self.events.add("draft", "prefill", t0)
         return self.session

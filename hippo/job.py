@@ -128,9 +128,9 @@ class DecodeJob:
                 )
                 with observe, self.stage("target prefill"):
                     self._target = adapter.prefill(encoded, keep=None)
-            static = self.pipeline.static["target"]
-            if static is not None:  # after the scorer read the prefill: the dynamic cache moves over
-                self._target = static.open(self._target, self.max_new_tokens)
+            sessions = self.pipeline.sessions["target"]
+            if sessions is not None:  # after the scorer read the prefill (a static cache copies it)
+                self._target = sessions.open(self._target, self.max_new_tokens)
             self.stats.seconds_target_prefill += time.perf_counter() - t0
             if self.events is not None:
                 self.events.add("target", "prefill", t0)

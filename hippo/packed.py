@@ -41,14 +41,14 @@ def available() -> bool:
 
 
 class _Packed:
-    """One linear layer's weight, reordered for oneDNN, with the weight version it was made from."""
+    """One linear layer's weight [O, I], reordered for oneDNN, with the weight and the version it was
+    made from (a weight changed in place since then is not routed)."""
 
-    __slots__ = ("weight", "version", "out_features")
+    __slots__ = ("source", "weight", "version")
 
     def __init__(self, weight: torch.Tensor):  # [O, I]
+        self.source, self.version = weight, weight._version
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-        self.version = weight._version
-        self.out_features = weight.shape[0]
 
 
 class _Route(TorchFunctionMode):
@@ -56,50 +56,47 @@ class _Route(TorchFunctionMode):
 
     def __init__(self, owner: PackedLinears):
         super().__init__()
-        self.owner, self.packs = owner, owner.packs
+        self.owner = owner
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
         if func is F.linear and len(args) >= 2:
             x, weight = args[0], args[1]  # x [..., I], weight [O, I]
-            entry = self.packs.get(id(weight))
-            if entry is not None and entry[0] is weight and entry[1].version == weight._version:
-                bias = args[2] if len(args) > 2 else kwargs.get("bias")
-                packed = entry[1]
+            packed = self.owner.packs.get(id(weight))
+            if packed is not None and packed.source is weight and packed.version == weight._version:
+                bias = args[2] if len(args) > 2 else (kwargs or {}).get("bias")
                 self.owner.routed += 1
                 out = torch.ops.mkldnn._linear_pointwise(
                     x.reshape(-1, x.shape[-1]), packed.weight, bias, "none", [], ""
                 )  # [rows, O]
-                return out.view(*x.shape[:-1], packed.out_features)
-        return func(*args, **kwargs)
+                return out.view(*x.shape[:-1], weight.shape[0])
+        return func(*args, **(kwargs or {}))
 
 
 class PackedLinears:
     """A model's decoder and output-head linear weights, packed for oneDNN (see the module's doc)."""
 
-    def __init__(self, model: torch.nn.Module, max_rows: int = MAX_ROWS):
-        self.max_rows = max_rows
+    def __init__(self, model: torch.nn.Module):
         self.routed = 0  # linear calls that ran on packed weights
-        self.packs: dict[int, tuple[torch.Tensor, _Packed]] = {}
+        self.packs: dict[int, _Packed] = {}  # by id of the source weight
         if available():
             for module in _decoder_linears(model):
                 w = module.weight
                 if w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2:
-                    self.packs[id(w)] = (w, _Packed(w))
-        self.bytes = sum(p.weight.numel() * p.weight.element_size() for _, p in self.packs.values())
+                    self.packs[id(w)] = _Packed(w)
+        self.bytes = sum(p.weight.numel() * p.weight.element_size() for p in self.packs.values())
 
     @classmethod
-    def of(cls, model: torch.nn.Module, max_rows: int = MAX_ROWS) -> PackedLinears:
-        """The model's packing, made once per (model, max_rows) and shared by its sessions."""
+    def of(cls, model: torch.nn.Module) -> PackedLinears:
+        """The model's packing, made once per model and shared by all its sessions."""
         with _LOCK:
-            per_model = _PACKINGS.setdefault(model, {})
-            if max_rows not in per_model:
-                per_model[max_rows] = cls(model, max_rows)
-            return per_model[max_rows]
+            packed = _PACKINGS.get(model)
+            if packed is None:
+                packed = _PACKINGS[model] = cls(model)
+            return packed
 
-    def rows(self, k: int) -> Any:
+    def rows(self, k: int, max_rows: int = MAX_ROWS) -> Any:
         """A context in which a forward of k rows uses the packed weights (when 2 <= k <= max_rows)."""
-        if not self.packs or not 2 <= k <= self.max_rows or torch.is_grad_enabled():
+        if not self.packs or not 2 <= k <= max_rows or torch.is_grad_enabled():
             return nullcontext()
         return _Route(self)
 
@@ -132,8 +129,8 @@ class PackedSessions:
     """Run a role's sessions with packed linear weights for forwards of 2..`max_rows` tokens.
 
     `open` gives a prefilled `KVSession` its model's packing; a model it cannot pack (not CPU fp32,
-    no oneDNN) or another kind of session runs as before, so the default costs nothing there. `then`: a static-cache kind (`hippo.static`) applied
-    first, for an uncompiled static cache.
+    no oneDNN) or another kind of session runs as before, so the default costs nothing there.
+    `then`: the role's static-cache kind (`hippo.static`), applied first.
     """
 
     max_rows: int = attrs.field(default=MAX_ROWS)
@@ -150,5 +147,5 @@ class PackedSessions:
         if self.then is not None:
             session = self.then.open(session, new_tokens)
         if isinstance(session, KVSession):  # another session kind (a plugin's) runs as it is
-            session.packed = PackedLinears.of(session.model, self.max_rows)
+            session.packed, session.packed_rows = PackedLinears.of(session.model), self.max_rows
         return session

@@ -22,6 +22,9 @@ from hippo.sampling import TokenPolicy, make_generator, resolve_generation_confi
 from hippo.static import StaticSessions
 from hippo.types import GenerateOutput
 
+#: what takes over a role's prefilled sessions: `.open(session, new_tokens) -> session`
+SessionKind = StaticSessions | PackedSessions
+
 
 class Pipeline:
     """A target, an optional draft, and the parts that decide what the draft sees and when it runs.
@@ -53,9 +56,9 @@ class Pipeline:
         #: bytes all live video contexts may hold together (None: only the device's free memory limits)
         self.context_budget: int | None = None
         self._contexts: weakref.WeakSet = weakref.WeakSet()
-        #: per role ("target", "draft"): what takes over its prefilled sessions: a static cache,
-        #: compiled (`hippo.static`), and/or packed weights (`hippo.packed`); None: as prefilled
-        self.static: dict[str, StaticSessions | PackedSessions | None] = {"target": None, "draft": None}
+        #: per role ("target", "draft"): what takes over its prefilled sessions: packed weights
+        #: (`hippo.packed`) and/or a static cache, compiled (`hippo.static`); None: as prefilled
+        self.sessions: dict[str, SessionKind | None] = {"target": None, "draft": None}
 
     @property
     def target(self) -> torch.nn.Module:

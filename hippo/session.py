@@ -53,7 +53,8 @@ class KVSession(ModelSession):
         self.seconds_decode = 0.0
         self.forwards = 0
         self._block: tuple[int, torch.Tensor, torch.Tensor] | None = None  # forward_masked, until keep
-        self.packed: PackedLinears | None = None  # packed linear weights for few-token forwards
+        self.packed: PackedLinears | None = None  # packed linear weights (hippo.packed) ...
+        self.packed_rows = 0  # ... for forwards of 2..packed_rows tokens
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [k] -> [k, V]
@@ -77,7 +78,7 @@ class KVSession(ModelSession):
 
     def _kernels(self, rows: int) -> Any:
         """Where a forward of `rows` tokens runs its linear layers (`hippo.packed`)."""
-        return nullcontext() if self.packed is None else self.packed.rows(rows)
+        return nullcontext() if self.packed is None else self.packed.rows(rows, self.packed_rows)
 
     def _reserve(self, k: int) -> None:
         """Make room for k more cache entries before a forward (a dynamic cache grows by itself)."""

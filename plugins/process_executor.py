@@ -84,11 +84,11 @@ def _worker_main(model, adapter_cls, adapter_options, threads, contexts, cmd_q, 
             result: Any = None
             if cmd == "job":
                 # policy: forked, its own generator; prefix: a video context's DraftPrefix, or None
-                inputs, policy, drafter, static, new_tokens, prefix = payload
+                inputs, policy, drafter, sessions, new_tokens, prefix = payload
                 if side is not None:
                     side.close()
                 encode = None if prefix is None else functools.partial(prefix.encode, adapter, store)
-                side = DraftSide(adapter, drafter, inputs, policy, encode, static, new_tokens)
+                side = DraftSide(adapter, drafter, inputs, policy, encode, sessions, new_tokens)
             elif cmd == "prefill":
                 side.prefill(payload)
             elif cmd == "propose":
@@ -181,7 +181,7 @@ class ProcessDraftWorker(DraftWorker):
             dict(job.inputs),
             job.policy.fork(),
             p.drafter,
-            p.static["draft"],
+            p.sessions["draft"],
             job.max_new_tokens,
             prefix,
         )

@@ -88,7 +88,7 @@ def test_packed_pipelines_equal_target_generate(adapter):
         assert out.sequences.tolist() == ref.tolist(), (adapter, scheduler)
         assert packed.routed > before, f"{scheduler}: the target's verifications did not use packed weights"
     pipe = hippo.PipelineBuilder().target(target).draft(draft).pack().build()  # off
-    assert pipe.static["target"] is None
+    assert pipe.sessions["target"] is None
 
 
 def test_pack_options_are_checked():

@@ -101,7 +101,7 @@ def test_sessions_are_static_and_rollback_is_a_position_reset(monkeypatch):
     adapter = pipe.target_adapter
     encoded = adapter.encode(prompt.inputs)
     dynamic = adapter.prefill(encoded, None)
-    static = pipe.static["target"].open(adapter.prefill(encoded, None), 0)
+    static = pipe.sessions["target"].open(adapter.prefill(encoded, None), 0)
     L, room = static.length, static.capacity - static.cache_len()
     tokens = torch.tensor(hm.text_ids(target)[:4] * (room // 2))  # [2 room]: more than fits
     first = static.forward(tokens).clone()  # [k, V]
