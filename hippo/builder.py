@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,17 @@ def check_device(device: str | None) -> None:
         raise ConfigError(f"device {device!r} was asked for but CUDA is not available; use --device cpu")
 
 
+def _session_table(name: str, table: Any, method: Any, roles: Sequence[str], keys: Sequence[str]) -> None:
+    """Apply a pipeline config's `compile` or `pack` table (`roles` plus the method's options)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{name} must be a table like {{roles = ['target']}}, got {table!r}")
+    unknown = sorted(set(table) - {"roles", *keys})
+    if unknown:
+        raise ConfigError(f"{name} does not take {unknown}; it takes roles, {', '.join(keys)}")
+    chosen = table.get("roles", roles)
+    method(*([chosen] if isinstance(chosen, str) else chosen), **{k: table[k] for k in keys if k in table})
+
+
 class PipelineBuilder:
     def __init__(self, pm: Any = None):
         self._pm = pm
@@ -253,21 +265,9 @@ class PipelineBuilder:
             b.draft(config.draft, backbone=backbone, **load)
         b._device = config.device
         if config.compile is not None:
-            if not isinstance(config.compile, dict):
-                raise ConfigError(
-                    f"compile must be a table like {{roles = ['target']}}, got {config.compile!r}"
-                )
-            b.compile(
-                *config.compile.get("roles", ROLES),
-                **{k: v for k, v in config.compile.items() if k != "roles"},
-            )
+            _session_table("compile", config.compile, b.compile, ROLES, ("mode", "headroom"))
         if config.pack is not None:
-            if not isinstance(config.pack, dict):
-                raise ConfigError(f"pack must be a table like {{roles = ['target']}}, got {config.pack!r}")
-            b.pack(
-                *config.pack.get("roles", ["target"]),
-                **{k: v for k, v in config.pack.items() if k != "roles"},
-            )
+            _session_table("pack", config.pack, b.pack, ("target",), ("max_rows",))
         return b
 
     # ---- sessions ---------------------------------------------------------------------------

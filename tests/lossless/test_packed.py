@@ -96,6 +96,10 @@ def test_pack_options_are_checked():
         hippo.PipelineBuilder().pack("teacher")
     with pytest.raises(ConfigError, match="max_rows"):
         hippo.PipelineBuilder().pack("target", max_rows=1)
+    with pytest.raises(ConfigError, match="does not take"):
+        hippo.PipelineBuilder.from_config({"pack": {"roles": ["target"], "max_row": 16}})
+    with pytest.raises(ConfigError, match="table"):
+        hippo.PipelineBuilder.from_config({"pack": "target"})
     built = hippo.PipelineBuilder.from_config({"pack": {"roles": ["draft"], "max_rows": 16}})
     assert built._packed == {"target": None, "draft": PackedSessions(max_rows=16)}
     assert hippo.PipelineBuilder()._packed["target"] == PackedSessions()  # the default
