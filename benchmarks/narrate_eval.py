@@ -5,7 +5,8 @@
 
 For each question kind (`narration.KINDS`) it reports, on held-out clips at the benchmark setting:
 - the target's and the draft's step-aligned token accuracy against the reference narration
-  (`narration.step_token_score`) and the share of exact answers, greedy;
+  (`narration.step_token_score`), the share of exact answers, and the accuracy per field
+  (`narration.field_scores`: clauses per step, colour, shape, cell, what the object does), greedy;
 - the same with the video blanked (a control: the answer must come from the video);
 - the draft's agreement with the target: the share of the target's greedy answer tokens that the
   draft, teacher-forced on that answer, also puts first. This is the greedy acceptance rate of
@@ -26,7 +27,14 @@ import torch  # noqa: E402
 
 from hippo_benchmarks.batching import lm_inputs, make_batch, select_kept  # noqa: E402
 from hippo_benchmarks.evaluate import HELD_OUT, greedy_ids  # noqa: E402
-from hippo_benchmarks.narration import KINDS, NARRATE_BENCH, narration_sample, step_token_score  # noqa: E402
+from hippo_benchmarks.narration import (  # noqa: E402
+    FIELDS,
+    KINDS,
+    NARRATE_BENCH,
+    field_scores,
+    narration_sample,
+    step_token_score,
+)
 from hippo_benchmarks.task import COLOURS, SHAPES, TaskConfig  # noqa: E402
 
 MAX_ANSWER = 400  # tokens: longer than any reference answer (16 steps x 3 objects x 7 + 48)
@@ -67,6 +75,7 @@ def evaluate(
     for kind in KINDS:
         acc = {k: [0, 0] for k in ("target", "draft", "target_blank", "draft_blank")}
         exact = {"target": 0, "draft": 0}
+        fields = {m: {f: [0, 0] for f in FIELDS} for m in exact}
         agree = {k: [0, 0] for k in ("full", "uniform 10%", "salient 10%")}
         lengths = []
         for i, start in enumerate(range(0, n, batch_size)):
@@ -89,6 +98,9 @@ def evaluate(
                         acc[tag][1] += t
                         if tag in exact:
                             exact[tag] += int(text.split() == ref.split())
+                            for f, (fr, ft) in field_scores(text, ref).items():
+                                fields[tag][f][0] += fr
+                                fields[tag][f][1] += ft
             N, k = batch.video_rows.numel(), max(1, round(0.1 * batch.video_rows.numel()))
             colour = batch.token_labels["colour"]
             keeps = {
@@ -107,6 +119,10 @@ def evaluate(
             "mean_answer_tokens": round(sum(lengths) / len(lengths), 1),
             **{f"{k}_step_token_accuracy": round(a / max(1, b), 4) for k, (a, b) in acc.items()},
             **{f"{k}_exact": round(v / n, 4) for k, v in exact.items()},
+            **{
+                f"{m}_fields": {f: round(a / b, 4) for f, (a, b) in fs.items() if b}
+                for m, fs in fields.items()
+            },
             **{f"draft_agreement_{k}": round(a / max(1, b), 4) for k, (a, b) in agree.items()},
         }
     return report

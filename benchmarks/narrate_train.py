@@ -1,6 +1,7 @@
 """Train the narration pair: the captioning pair (`benchmarks/pair/`) fine-tuned on dense narration.
 
     python -m hippo_benchmarks.narrate_train                  # both models, writes benchmarks/pair_narrate/
+    python -m hippo_benchmarks.narrate_train --serial         # the same checkpoints, one model after the other
     python -m hippo_benchmarks.narrate_train --role draft --scale 0.1 --out /tmp/try   # a quick try
 
 Both models start from the committed captioning checkpoints, whose vision encoders already see
@@ -11,12 +12,14 @@ cross-entropy on the answer plus the auxiliary per-visual-token loss. The vision
 tokens, random, uniform or salient) in half of its steps, as hippo's adapter feeds it, and then
 distils from the trained target: its last phase learns the target's own greedy answers (full and
 pruned video), since what speculative decoding needs from a draft is agreement with its target.
-So the target is trained first (`--role both` does that order). Deterministic from the seed and
-the committed checkpoints.
+So the draft's distillation waits for the target: `--role both` (the default) trains the target and
+the draft's first two phases side by side in two processes, one thread each, and then distils.
+Deterministic from the seed and the committed checkpoints, with one thread per model.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from hippo_benchmarks import train
@@ -29,10 +32,12 @@ SIZES = [(112, 32, 16), (168, 32, 8), (112, 32, 16), (224, 32, 4)]
 
 def _config(role: str, steps: int, prune_frac: float, teacher: Path | None = None) -> TrainConfig:
     phases = [
-        # the vision encoder learns the clips' cues (step hue, cell brightness) beside colour/shape/motion
+        # the vision encoder learns the clips' cues (step, row, column patterns) beside colour/shape/motion
         Phase("cues", 300, [(112, 32, 8)], lr=2e-3, vision_only=True, task="narrate"),
         Phase("narrate", steps, SIZES, lr=1e-3, vision_lr_scale=0.1, prune_frac=prune_frac, task="narrate"),
     ]
+    if teacher is None:  # the target: a second cosine cycle (at 500 steps it often named one object of two)
+        phases.append(Phase("narrate2", 300, SIZES, lr=1e-3, vision_lr_scale=0.1, task="narrate"))
     if teacher is not None:  # then learn to say what the trained target says: agreement is acceptance
         phases.append(
             Phase(
@@ -57,13 +62,50 @@ def defaults(out: Path = OUT) -> dict[str, TrainConfig]:
     }
 
 
+def _draft_before_distil(argv: list[str], cache: Path) -> None:
+    """The draft's phases that do not need the trained target, into `cache` (a spawned process)."""
+    cfg = defaults()["draft"]
+    head = {"draft": replace(cfg, phases=[ph for ph in cfg.phases if ph.teacher is None])}
+    train.main([*argv, "--role", "draft", "--cache", str(cache), "--out", str(cache / "head")], defaults=head)
+
+
 def main(argv=None) -> None:
     import argparse
+    import multiprocessing
+    import shutil
+    import sys
+    import tempfile
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--out", type=Path, default=OUT)
-    out = p.parse_known_args(argv)[0].out
-    train.main(argv, defaults=defaults(out), out=OUT, doc=__doc__)
+    p.add_argument("--role", default="both")
+    p.add_argument("--cache", type=Path, default=None)
+    p.add_argument("--serial", action="store_true")
+    known, rest = p.parse_known_args(argv)
+    configs = defaults(known.out)
+    if known.role != "both" or known.serial or "-h" in rest or "--help" in rest:
+        rest = [a for a in argv if a != "--serial"]
+        train.main(rest, defaults=configs, out=OUT, doc=__doc__)
+        return
+    # --role both: the draft's phases before distillation run in a second process beside the
+    # target's, one thread each (as the committed pair was trained); the draft then reuses them
+    # from the phase cache and distils from the trained target. Same checkpoints as --serial.
+    cache = known.cache or Path(tempfile.mkdtemp(prefix="narrate-phases-"))
+    one = [*rest, "--out", str(known.out), "--threads", "1"]
+    draft = multiprocessing.get_context("spawn").Process(target=_draft_before_distil, args=(one, cache))
+    draft.start()
+    try:
+        train.main([*one, "--role", "target", "--cache", str(cache)], defaults=configs, out=OUT, doc=__doc__)
+        draft.join()
+        if draft.exitcode:
+            raise SystemExit(f"training the draft's first phases failed (exit code {draft.exitcode})")
+        train.main([*one, "--role", "draft", "--cache", str(cache)], defaults=configs, out=OUT, doc=__doc__)
+    finally:
+        if draft.is_alive():  # the target's training failed or was interrupted
+            draft.terminate()
+        if known.cache is None:
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 if __name__ == "__main__":

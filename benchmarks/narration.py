@@ -191,6 +191,44 @@ def step_token_score(generated: str, reference: str) -> tuple[int, int]:
     return right, sum(2 + len(words) for words in ref.values())  # 2: "step" and the step's number
 
 
+FIELDS = ("clauses", "colour", "shape", "cell", "doing")
+
+
+def field_scores(generated: str, reference: str) -> dict[str, list[int]]:
+    """Per field, [right, out of the reference's]: what part of the narration a model gets wrong.
+
+    `clauses`: steps whose number of clauses (objects named) is the reference's. The other fields
+    compare clause by clause within a step, in order: colour, shape, cell (row and column) and what
+    the object does; a `where does ... go ?` clause has a cell only. Reference clauses missing from
+    the answer count as wrong.
+    """
+    gen, ref = split_steps(generated), split_steps(reference)
+    scores = {f: [0, 0] for f in FIELDS}
+
+    def clauses(words: list[str]) -> list[list[str]]:  # a step's words: its number, ":", clauses
+        text = " ".join(words[2:] if words[1:2] == [":"] else words[1:])
+        return [c.split() for c in text.split(".") if c.split() and c.split() != ["nothing"]]
+
+    for k, words in ref.items():
+        r, g = clauses(words), clauses(gen.get(k, []))
+        scores["clauses"][0] += len(r) == len(g)
+        scores["clauses"][1] += 1
+        for i, rc in enumerate(r):
+            gc = g[i] if i < len(g) else []
+            parts = {"cell": (rc[:2], gc[:2])}
+            if len(rc) > 2:  # colour shape row column doing...
+                parts = {
+                    "colour": (rc[:1], gc[:1]),
+                    "shape": (rc[1:2], gc[1:2]),
+                    "cell": (rc[2:4], gc[2:4]),
+                    "doing": (rc[4:], gc[4:]),
+                }
+            for name, (a, b) in parts.items():
+                scores[name][0] += a == b
+                scores[name][1] += 1
+    return scores
+
+
 def answer_lengths(
     seeds: range, cfg: TaskConfig = NARRATE_BENCH, ask: tuple[str, str | None] | None = None
 ) -> torch.Tensor:

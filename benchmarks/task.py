@@ -67,7 +67,7 @@ class TaskConfig:
     radius: tuple[float, float] = (10.0, 13.0)
     speed: tuple[float, float] = (6.0, 8.0)  # px per frame (capped so the path fits the frame)
     clip_seconds: float = CLIP_SECONDS  # the narration task fixes the frame rate instead (4 fps)
-    cues: bool = False  # narration: the background shows the time step (hue) and the 3x3 cell (brightness)
+    cues: bool = False  # narration: the background shows the time step and the 3x3 cell (`_with_cues`)
 
     @property
     def grid(self) -> tuple[int, int, int]:  # merged visual tokens (t, h, w)
@@ -175,10 +175,9 @@ def _background(cfg: TaskConfig, gen: torch.Generator) -> torch.Tensor:  # -> [H
     return img
 
 
-#: the step clock: the background's hue turns a full circle over 16 temporal patches (8 s at 4 fps)
+#: the narration clips' cues: 16 time steps (temporal patches of 8 s at 4 fps) and a 3 x 3 grid of cells
 CLOCK_STEPS = 16
-CLOCK_TINT = 0.10  # radius of the hue circle, in RGB units around grey
-CELL_SHADE = (-0.12, -0.09, -0.06, -0.03, 0.0, 0.03, 0.06, 0.09, 0.12)  # brightness per 3x3 cell, row-major
+CUE_AMPLITUDE = 0.05  # of each cue's pixel pattern, in RGB units
 
 
 def _cell_index(coord: torch.Tensor, size: int) -> torch.Tensor:  # px centre coordinates -> 0, 1, 2
@@ -186,22 +185,36 @@ def _cell_index(coord: torch.Tensor, size: int) -> torch.Tensor:  # px centre co
 
 
 def _with_cues(video: torch.Tensor, cfg: TaskConfig) -> torch.Tensor:  # [T, H, W, 3] -> same
-    """Make time and place visible, as a clock on the wall and a tiled floor would: every frame's
-    background is tinted by its temporal patch's hue (a step clock every visual token sees), and
-    each cell of a 3 x 3 grid has its own brightness. Objects are drawn over it afterwards."""
+    """Make time and place visible, as a clock on the wall and a tiled floor would.
+
+    Each cue is a pixel-scale pattern on the background whose colour encodes a value as an angle:
+    - the time step (one of 16): a checkerboard, (-1)^(x+y);
+    - the cell's row (one of 3): horizontal stripes, (-1)^y;
+    - the cell's column (one of 3): vertical stripes, (-1)^x.
+    Each pattern's colour is cos(a) u + sin(a) v for the value's angle a on two opponent colour axes.
+    Patches start at even pixels, so every visual patch sees each pattern in the same phase: a linear
+    read-out recovers the three codes exactly, and the background's smooth noise and 4 px grain add
+    nothing to them. An object covering part of a patch scales the codes, which leaves their angles
+    (the values) unchanged. Objects are drawn over the cues afterwards.
+    """
     T, S = cfg.frames, cfg.size
-    step = torch.arange(T) // TEMPORAL
-    angle = 2 * torch.pi * step.float() / CLOCK_STEPS
-    # two opponent axes: red-green and blue-yellow (unit norm, zero sum: grey stays grey on average)
-    rg = torch.tensor([1.0, -1.0, 0.0]) / 2**0.5
+    rg = torch.tensor([1.0, -1.0, 0.0]) / 2**0.5  # opponent colour axes: zero-sum, unit norm
     by = torch.tensor([-0.5, -0.5, 1.0]) / 1.5**0.5
-    tint = CLOCK_TINT * (angle.cos()[:, None] * rg + angle.sin()[:, None] * by)  # [T, 3]
-    coords = torch.arange(S, dtype=torch.float32) + 0.5
-    rows, cols = _cell_index(coords, S), _cell_index(coords, S)
-    shade = torch.tensor(CELL_SHADE)[rows[:, None] * 3 + cols[None, :]]  # [H, W]
+
+    def colour(index: torch.Tensor, n: int) -> torch.Tensor:  # [...] -> [..., 3]
+        a = 2 * torch.pi * index.float() / n
+        return CUE_AMPLITUDE * (a.cos()[..., None] * rg + a.sin()[..., None] * by)
+
+    px = torch.arange(S)
+    sign = 1.0 - 2.0 * (px % 2).float()  # (-1)^x
+    cell = _cell_index(px.float() + 0.5, S)
+    rows = sign[:, None, None] * colour(cell, 3)[:, None, :]  # [H, 1, 3]
+    cols = sign[None, :, None] * colour(cell, 3)[None, :, :]  # [1, W, 3]
+    checker = (sign[:, None] * sign[None, :])[None, :, :, None]  # [1, H, W, 1]
+    steps = colour(torch.arange(T) // TEMPORAL, CLOCK_STEPS)[:, None, None, :]  # [T, 1, 1, 3]
     border = torch.zeros(S, S, dtype=torch.bool)
     border[:BORDER], border[-BORDER:], border[:, :BORDER], border[:, -BORDER:] = True, True, True, True
-    cued = video + tint[:, None, None, :] + shade[None, :, :, None]
+    cued = video + rows + cols + checker * steps
     return torch.where(border[None, :, :, None], video, cued.clamp(0, 1))
 
 

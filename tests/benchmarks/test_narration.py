@@ -8,6 +8,7 @@ import torch
 from hippo_benchmarks.narration import (
     NARRATE_BENCH,
     answer_lengths,
+    field_scores,
     narrate,
     narration_config,
     narration_sample,
@@ -85,6 +86,52 @@ def test_step_token_score_aligns_per_step():
     assert total == 22 and right == 22  # an extra clause at the end of a step does not shift the next
     missing = "step one : red circle top left moves right ."
     assert step_token_score(missing, ref) == (11, 22)
+
+
+def test_cues_are_read_exactly_from_every_background_patch():
+    """The step, row and column codes come out of a linear read-out of any 14 px patch, whatever
+    the background's noise: the property that lets a small vision encoder tell time and place."""
+    from hippo_benchmarks.task import _background, _with_cues
+
+    cfg = narration_config(168, 4)  # cells of 56 px: four patches each
+    video = _with_cues(_background(cfg, torch.Generator().manual_seed(3)).expand(4, 168, 168, 3), cfg)
+    rg = torch.tensor([1.0, -1.0, 0.0]) / 2**0.5
+    by = torch.tensor([-0.5, -0.5, 1.0]) / 1.5**0.5
+    sign = 1.0 - 2.0 * (torch.arange(14) % 2).float()
+    patterns = {"row": sign[:, None], "column": sign[None, :], "step": sign[:, None] * sign[None, :]}
+    for t in range(4):
+        for i in range(1, 11):  # patches off the white border
+            for j in range(1, 11):
+                patch = video[t, 14 * i : 14 * i + 14, 14 * j : 14 * j + 14]  # [14, 14, 3]
+                want = {"row": (i // 4, 3), "column": (j // 4, 3), "step": (t // 2, 16)}
+                for name, pattern in patterns.items():
+                    code = (patch * pattern[..., None]).mean((0, 1))  # [3]
+                    value, n = want[name]
+                    off = torch.atan2(code @ by, code @ rg) - 2 * torch.pi * value / n
+                    assert abs(float(torch.remainder(off + torch.pi, 2 * torch.pi) - torch.pi)) < 0.05
+
+
+def test_field_scores_name_what_is_wrong():
+    ref = (
+        "step one : red circle top left moves right . blue square middle center still . step two : nothing ."
+    )
+    assert field_scores(ref, ref) == {
+        "clauses": [2, 2],
+        "colour": [2, 2],
+        "shape": [2, 2],
+        "cell": [2, 2],
+        "doing": [2, 2],
+    }
+    one = "step one : red square top center moves right . step two : blue square top left still ."
+    assert field_scores(one, ref) == {
+        "clauses": [0, 2],
+        "colour": [1, 2],
+        "shape": [0, 2],
+        "cell": [0, 2],
+        "doing": [1, 2],
+    }
+    where = "step one : top left . step two : middle center ."
+    assert field_scores("step one : top left . step two : top left .", where)["cell"] == [1, 2]
 
 
 def test_processor_inputs_at_4_fps_give_one_temporal_position_per_step():
