@@ -38,7 +38,7 @@ def _config(role: str, steps: int, prune_frac: float, teacher: Path | None = Non
     ]
     if teacher is None:  # the target: a second cosine cycle (at 500 steps it often named one object of two)
         phases.append(Phase("narrate2", 300, SIZES, lr=1e-3, vision_lr_scale=0.1, task="narrate"))
-    if teacher is not None:  # then learn to say what the trained target says: agreement is acceptance
+    else:  # the draft then learns to say what the trained target says: agreement is acceptance
         phases.append(
             Phase(
                 "distil",

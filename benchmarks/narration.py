@@ -207,7 +207,7 @@ def field_scores(generated: str, reference: str) -> dict[str, list[int]]:
 
     def clauses(words: list[str]) -> list[list[str]]:  # a step's words: its number, ":", clauses
         text = " ".join(words[2:] if words[1:2] == [":"] else words[1:])
-        return [c.split() for c in text.split(".") if c.split() and c.split() != ["nothing"]]
+        return [c for c in (part.split() for part in text.split(".")) if c and c != ["nothing"]]
 
     for k, words in ref.items():
         r, g = clauses(words), clauses(gen.get(k, []))

@@ -178,6 +178,8 @@ def _background(cfg: TaskConfig, gen: torch.Generator) -> torch.Tensor:  # -> [H
 #: the narration clips' cues: 16 time steps (temporal patches of 8 s at 4 fps) and a 3 x 3 grid of cells
 CLOCK_STEPS = 16
 CUE_AMPLITUDE = 0.05  # of each cue's pixel pattern, in RGB units
+#: the two opponent colour axes a cue's angle lies on (red-green, blue-yellow): zero-sum, unit norm
+CUE_AXES = (torch.tensor([1.0, -1.0, 0.0]) / 2**0.5, torch.tensor([-0.5, -0.5, 1.0]) / 1.5**0.5)
 
 
 def _cell_index(coord: torch.Tensor, size: int) -> torch.Tensor:  # px centre coordinates -> 0, 1, 2
@@ -198,8 +200,7 @@ def _with_cues(video: torch.Tensor, cfg: TaskConfig) -> torch.Tensor:  # [T, H, 
     (the values) unchanged. Objects are drawn over the cues afterwards.
     """
     T, S = cfg.frames, cfg.size
-    rg = torch.tensor([1.0, -1.0, 0.0]) / 2**0.5  # opponent colour axes: zero-sum, unit norm
-    by = torch.tensor([-0.5, -0.5, 1.0]) / 1.5**0.5
+    rg, by = CUE_AXES
 
     def colour(index: torch.Tensor, n: int) -> torch.Tensor:  # [...] -> [..., 3]
         a = 2 * torch.pi * index.float() / n
@@ -207,9 +208,8 @@ def _with_cues(video: torch.Tensor, cfg: TaskConfig) -> torch.Tensor:  # [T, H, 
 
     px = torch.arange(S)
     sign = 1.0 - 2.0 * (px % 2).float()  # (-1)^x
-    cell = _cell_index(px.float() + 0.5, S)
-    rows = sign[:, None, None] * colour(cell, 3)[:, None, :]  # [H, 1, 3]
-    cols = sign[None, :, None] * colour(cell, 3)[None, :, :]  # [1, W, 3]
+    cells = sign[:, None] * colour(_cell_index(px.float() + 0.5, S), 3)  # [S, 3]: row or column code
+    rows, cols = cells[:, None, :], cells[None, :, :]  # [H, 1, 3], [1, W, 3]
     checker = (sign[:, None] * sign[None, :])[None, :, :, None]  # [1, H, W, 1]
     steps = colour(torch.arange(T) // TEMPORAL, CLOCK_STEPS)[:, None, None, :]  # [T, 1, 1, 3]
     border = torch.zeros(S, S, dtype=torch.bool)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hippo_benchmarks.narration import (
+    FIELDS,
     NARRATE_BENCH,
     answer_lengths,
     field_scores,
@@ -91,12 +92,11 @@ def test_step_token_score_aligns_per_step():
 def test_cues_are_read_exactly_from_every_background_patch():
     """The step, row and column codes come out of a linear read-out of any 14 px patch, whatever
     the background's noise: the property that lets a small vision encoder tell time and place."""
-    from hippo_benchmarks.task import _background, _with_cues
+    from hippo_benchmarks.task import CUE_AXES, _background, _with_cues
 
     cfg = narration_config(168, 4)  # cells of 56 px: four patches each
     video = _with_cues(_background(cfg, torch.Generator().manual_seed(3)).expand(4, 168, 168, 3), cfg)
-    rg = torch.tensor([1.0, -1.0, 0.0]) / 2**0.5
-    by = torch.tensor([-0.5, -0.5, 1.0]) / 1.5**0.5
+    rg, by = CUE_AXES
     sign = 1.0 - 2.0 * (torch.arange(14) % 2).float()
     patterns = {"row": sign[:, None], "column": sign[None, :], "step": sign[:, None] * sign[None, :]}
     for t in range(4):
@@ -115,13 +115,7 @@ def test_field_scores_name_what_is_wrong():
     ref = (
         "step one : red circle top left moves right . blue square middle center still . step two : nothing ."
     )
-    assert field_scores(ref, ref) == {
-        "clauses": [2, 2],
-        "colour": [2, 2],
-        "shape": [2, 2],
-        "cell": [2, 2],
-        "doing": [2, 2],
-    }
+    assert field_scores(ref, ref) == {f: [2, 2] for f in FIELDS}
     one = "step one : red square top center moves right . step two : blue square top left still ."
     assert field_scores(one, ref) == {
         "clauses": [0, 2],
