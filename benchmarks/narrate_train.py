@@ -14,7 +14,10 @@ distils from the trained target: its last phase learns the target's own greedy a
 pruned video), since what speculative decoding needs from a draft is agreement with its target.
 So the draft's distillation waits for the target: `--role both` (the default) trains the target and
 the draft's first two phases side by side in two processes, one thread each, and then distils.
-Deterministic from the seed and the committed checkpoints, with one thread per model.
+Each phase's batches (rendered clips and, in the distillation, the teacher's greedy answers) are
+prepared ahead in worker processes (`train.phase_batches`, `--workers`); the checkpoints are the
+same for any number. Deterministic from the seed and the committed checkpoints, with one thread per
+model.
 """
 
 from __future__ import annotations
