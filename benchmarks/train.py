@@ -51,6 +51,7 @@ from hippo_benchmarks.models import n_params, new_model, set_generation_defaults
 from hippo_benchmarks.narration import draw_batch_question, narration_config, narration_sample
 from hippo_benchmarks.task import CLOCK_STEPS, COLOURS, MOTIONS, SHAPES, TaskConfig, sample
 from hippo_benchmarks.tokenizer import build_tokenizer
+from hippo_plugins.auto_executor import usable_cores
 
 AUX_CLASSES = {"colour": len(COLOURS) + 1, "shape": len(SHAPES) + 1, "motion": len(MOTIONS) + 1}
 #: the narration clips' visible cues (task.py `cues`): every token's time step and 3 x 3 cell, 1-based
@@ -353,12 +354,14 @@ def main(argv=None, defaults: dict | None = None, out: Path | None = None, doc: 
     p.add_argument(
         "--workers",
         type=int,
-        default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+        default=usable_cores(),
         help="processes preparing each step's batch ahead of the training (rendering, and a distillation's "
         "teacher answers), each with --threads threads; one for a phase without a teacher (default: one "
         "per usable core; 0: in the training process). The checkpoints are the same for any number",
     )
     args = p.parse_args(argv)
+    if args.workers < 0:
+        p.error(f"--workers must be 0 (batches prepared in the training process) or more, got {args.workers}")
     torch.set_num_threads(args.threads)
     roles = ["target", "draft"] if args.role == "both" else [args.role]
     total = 0.0
