@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
+from hippo_benchmarks.narration import attention_targets
 from hippo_benchmarks.task import CLIP_SECONDS, Sample
 from hippo_benchmarks.tokenizer import caption_ids, prompt_ids, seconds_per_grid
 
@@ -32,6 +33,9 @@ class Batch:
     labels: torch.Tensor  # [B, Lc] the same, IGNORE on padding
     token_labels: dict[str, torch.Tensor]  # name -> [B, N] per visual token, 0 = background
     seconds_per_grid: float = 1.0  # second_per_grid_ts of every video in the batch
+    #: [B, Lc, 3] per answer token, the object, step and cell it describes, (colour + 1, step + 1,
+    #: cell + 1) as the visual tokens' labels (`narration.attention_targets`; 0: none); narration only
+    attend: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -58,7 +62,14 @@ def make_batch(tokenizer, samples: list[Sample]) -> Batch:
     names = samples[0].token_labels.keys()
     token_labels = {k: torch.stack([s.token_labels[k] for s in samples]) for k in names}
     spg = seconds_per_grid(samples[0].fps or samples[0].video.shape[0] / CLIP_SECONDS)
-    return Batch(torch.cat(pix), grid, prompt, video_rows, captions, labels, token_labels, spg)
+    attend = None
+    if "step" in names:  # narration: each answer word is one token (the benchmark tokenizer)
+        attend = torch.zeros(len(caps), Lc, 3, dtype=torch.long)
+        for i, s in enumerate(samples):
+            targets = attention_targets(s)
+            if targets and len(targets) == len(caps[i]) - 1:  # else the answer is not one token per word
+                attend[i, : len(targets)] = torch.tensor(targets)
+    return Batch(torch.cat(pix), grid, prompt, video_rows, captions, labels, token_labels, spg, attend)
 
 
 def prompt_positions(model, batch: Batch) -> tuple[torch.Tensor, int]:

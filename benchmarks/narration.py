@@ -166,6 +166,53 @@ def draw_batch_question(rng: random.Random) -> tuple[str, str | None]:
     return kind, {"all": None, "colour": rng.choice(COLOURS), "shape": rng.choice(SHAPES)}[kind]
 
 
+def attention_targets(smp: Sample) -> list[tuple[int, int, int]]:
+    """Per answer word, what its prediction must look up: (colour + 1, step + 1, cell + 1), or zeros.
+
+    A clause's words after its colour (shape, row, column, what it does) describe one object at one
+    step, in one 3 x 3 cell (row * 3 + column, as the visual tokens' `cell` labels; 0 where the
+    clause names none); the model predicting them should attend to that object's visual tokens at
+    that step, those in the named cell first (the visual tokens whose `colour`, `step` and `cell`
+    labels are these): an object's tokens can straddle a cell border, and only the tokens in its
+    cell carry the cell the clause names. For `where does the <shape> go ?` the clause's row and
+    column, the k-th clause of a step being the k-th visible object of that shape in colour order.
+    Training uses it as an auxiliary loss on the language model's attention (`train.attention_loss`);
+    any answer text works, a teacher's included.
+    """
+    words = smp.caption.split()
+    out = [(0, 0, 0)] * len(words)
+    shape = smp.question.split()[3] if smp.question.startswith("where does the") else None
+    objects = sorted(smp.objects, key=lambda o: o.colour)
+
+    def cell(row: int) -> int:  # the cell named by words[row], words[row + 1], + 1; 0: none
+        named = words[row : row + 2]
+        if len(named) == 2 and named[0] in ROWS and named[1] in COLUMNS:
+            return 3 * ROWS.index(named[0]) + COLUMNS.index(named[1]) + 1
+        return 0
+
+    step, clause, i = -1, 0, 0
+    while i < len(words):
+        if words[i] == "step" and words[i + 1 : i + 2] and words[i + 1] in NUMBERS:
+            step, clause, i = NUMBERS.index(words[i + 1]), 0, i + 3  # "step <number> :"
+            continue
+        j = i
+        while j < len(words) and words[j] != "." and words[j] != "step":
+            j += 1
+        if step >= 0 and words[i:j] != ["nothing"]:
+            if shape is None:  # colour shape row column what-it-does...
+                if words[i] in COLOURS:
+                    for k in range(i + 1, min(j, i + 5)):
+                        out[k] = (COLOURS.index(words[i]) + 1, step + 1, cell(i + 2))
+            else:  # row column
+                seen = [o for o in objects if SHAPES[o.shape] == shape and _doing(o, step) is not None]
+                if clause < len(seen):
+                    for k in range(i, min(j, i + 2)):
+                        out[k] = (seen[clause].colour + 1, step + 1, cell(i))
+            clause += 1
+        i = j + 1 if j < len(words) and words[j] == "." else j
+    return out
+
+
 def split_steps(text: str) -> dict[str, list[str]]:
     """Narration words per step (keyed by the step's number word); text outside a step is dropped."""
     steps: dict[str, list[str]] = {}

@@ -52,6 +52,7 @@ CAPTION_WORDS = (
 )
 QUESTION = "describe the video ."
 
+CUE_DESIGNS = ("angle", "binary")
 CLIP_SECONDS = 4.0  # every clip lasts 4 s: more frames means a higher frame rate
 BORDER = 4  # px of white frame
 MERGED = 28  # px per merged visual token (patch 14 x spatial merge 2)
@@ -67,7 +68,14 @@ class TaskConfig:
     radius: tuple[float, float] = (10.0, 13.0)
     speed: tuple[float, float] = (6.0, 8.0)  # px per frame (capped so the path fits the frame)
     clip_seconds: float = CLIP_SECONDS  # the narration task fixes the frame rate instead (4 fps)
-    cues: bool = False  # narration: the background shows the time step and the 3x3 cell (`_with_cues`)
+    cues: bool = False  # narration: the clip shows the time step and the 3x3 cell
+    #: how the cues are drawn: "angle" (`_angle_cues`, the committed narration pair's) or "binary"
+    #: (`_binary_cues`: exact on objects too, a step code attention can resolve; no pair trained yet)
+    cue_design: str = "angle"
+
+    def __post_init__(self):
+        if self.cue_design not in CUE_DESIGNS:
+            raise ValueError(f"cue_design must be one of {CUE_DESIGNS}, got {self.cue_design!r}")
 
     @property
     def grid(self) -> tuple[int, int, int]:  # merged visual tokens (t, h, w)
@@ -177,17 +185,37 @@ def _background(cfg: TaskConfig, gen: torch.Generator) -> torch.Tensor:  # -> [H
 
 #: the narration clips' cues: 16 time steps (temporal patches of 8 s at 4 fps) and a 3 x 3 grid of cells
 CLOCK_STEPS = 16
+STEP_BITS = 4  # the step is drawn as a 4-bit code: 2^4 = CLOCK_STEPS
 CUE_AMPLITUDE = 0.05  # of each cue's pixel pattern, in RGB units
-#: the two opponent colour axes a cue's angle lies on (red-green, blue-yellow): zero-sum, unit norm
+#: the two opponent colour axes a cell's angle lies on (red-green, blue-yellow): zero-sum, unit norm
 CUE_AXES = (torch.tensor([1.0, -1.0, 0.0]) / 2**0.5, torch.tensor([-0.5, -0.5, 1.0]) / 1.5**0.5)
+LUMINANCE = torch.ones(3) / 3**0.5
+#: objects' colours on a cued clip are squeezed into this range so the cues drawn over them never clip
+CUED_RANGE = (0.2, 0.8)
 
 
 def _cell_index(coord: torch.Tensor, size: int) -> torch.Tensor:  # px centre coordinates -> 0, 1, 2
     return (3 * coord / size).long().clamp(0, 2)
 
 
-def _with_cues(video: torch.Tensor, cfg: TaskConfig) -> torch.Tensor:  # [T, H, W, 3] -> same
-    """Make time and place visible, as a clock on the wall and a tiled floor would.
+def step_code(step: torch.Tensor) -> torch.Tensor:  # [...] 0-based steps -> [..., STEP_BITS] of +-1
+    bits = (step[..., None] >> torch.arange(STEP_BITS)) & 1
+    return 1.0 - 2.0 * bits.float()
+
+
+def cue_patterns(size: int) -> dict[str, torch.Tensor]:
+    """The three zero-mean pixel patterns of period 2 the cues are drawn with, each [H, W]."""
+    sign = 1.0 - 2.0 * (torch.arange(size) % 2).float()  # (-1)^x
+    return {
+        "checker": sign[:, None] * sign[None, :],
+        "rows": sign[:, None].expand(size, size),
+        "columns": sign[None, :].expand(size, size),
+    }
+
+
+def _angle_cues(video: torch.Tensor, cfg: TaskConfig) -> torch.Tensor:  # [T, H, W, 3] -> same
+    """Make time and place visible, as a clock on the wall and a tiled floor would (the committed
+    narration pair's design, `cue_design="angle"`).
 
     Each cue is a pixel-scale pattern on the background whose colour encodes a value as an angle:
     - the time step (one of 16): a checkerboard, (-1)^(x+y);
@@ -197,7 +225,9 @@ def _with_cues(video: torch.Tensor, cfg: TaskConfig) -> torch.Tensor:  # [T, H, 
     Patches start at even pixels, so every visual patch sees each pattern in the same phase: a linear
     read-out recovers the three codes exactly, and the background's smooth noise and 4 px grain add
     nothing to them. An object covering part of a patch scales the codes, which leaves their angles
-    (the values) unchanged. Objects are drawn over the cues afterwards.
+    (the values) unchanged. Objects are drawn over the cues afterwards. Measured since: their edges
+    leak into the stripes, and attention cannot tell neighbouring steps' angles apart (the
+    `binary` design and benchmarks/README.md).
     """
     T, S = cfg.frames, cfg.size
     rg, by = CUE_AXES
@@ -218,6 +248,45 @@ def _with_cues(video: torch.Tensor, cfg: TaskConfig) -> torch.Tensor:  # [T, H, 
     return torch.where(border[None, :, :, None], video, cued.clamp(0, 1))
 
 
+def _binary_cues(video: torch.Tensor, cfg: TaskConfig) -> torch.Tensor:  # [T, H, W, 3] -> same
+    """Make time and place visible, as a clock on the wall and a tiled floor would (`cue_design="binary"`).
+
+    Each cue is a pixel pattern of period 2 px times a colour, drawn over the whole picture, objects
+    included (the white border excepted):
+    - the time step, as 4 bits (+-1 each): the checkerboard (-1)^(x+y) times the red-green, the
+      blue-yellow and the luminance axis, and horizontal stripes (-1)^y times luminance. A binary
+      code, since attention must tell neighbouring steps apart: an angle code (the first design)
+      gave neighbouring steps keys only 8% apart;
+    - the cell's row (one of 3): horizontal stripes times cos(a) red-green + sin(a) blue-yellow for
+      the row's angle a;
+    - the cell's column (one of 3): vertical stripes (-1)^x, likewise.
+    Everything else in a cued clip is constant over each 2 x 2 pixel block (the background's 4 px
+    grain, the objects, drawn on 2 px blocks by `sample`) or nearly so (its smooth noise), and every
+    pattern sums to zero over each block: patches start at even pixels, so a linear read-out of any
+    patch, on an object or not, recovers the codes exactly. (Objects drawn on the pixel grid leak
+    their edges into the stripes: the first cue design read the cell right on only 62-67% of the
+    object tokens, against 99.8% of the background ones.)
+    """
+    T, S = cfg.frames, cfg.size
+    rg, by = CUE_AXES
+    pat = cue_patterns(S)
+
+    def angle(index: torch.Tensor, n: int) -> torch.Tensor:  # [...] -> [..., 3]
+        a = 2 * torch.pi * index.float() / n
+        return a.cos()[..., None] * rg + a.sin()[..., None] * by
+
+    cell = angle(_cell_index(torch.arange(S).float() + 0.5, S), 3)  # [S, 3]: a row's or column's colour
+    place = pat["rows"][..., None] * cell[:, None, :] + pat["columns"][..., None] * cell[None, :, :]
+    bits = step_code(torch.arange(T) // TEMPORAL)  # [T, 4]
+    axes = torch.stack([rg, by, LUMINANCE])  # [3 axes, 3 channels]
+    checker = pat["checker"][None, :, :, None] * (bits[:, :3] @ axes)[:, None, None, :]  # [T, H, W, 3]
+    stripes = pat["rows"][None, :, :, None] * (bits[:, 3:] * LUMINANCE)[:, None, None, :]
+    cued = video + CUE_AMPLITUDE * (place[None] + checker + stripes)
+    border = torch.zeros(S, S, dtype=torch.bool)
+    border[:BORDER], border[-BORDER:], border[:, :BORDER], border[:, -BORDER:] = True, True, True, True
+    return torch.where(border[None, :, :, None], video, cued.clamp(0, 1))
+
+
 def _cue_labels(cfg: TaskConfig) -> dict[str, torch.Tensor]:
     """Per merged visual token, 1-based: its temporal patch (the step) and the 3 x 3 cell of its centre."""
     t, h, w = cfg.grid
@@ -228,8 +297,11 @@ def _cue_labels(cfg: TaskConfig) -> dict[str, torch.Tensor]:
     return {"step": steps.flatten() + 1, "cell": cells.flatten() + 1}
 
 
-def _mask(shape: int, cx: torch.Tensor, cy: torch.Tensor, r: float, S: int) -> torch.Tensor:
-    # cx, cy: [T] -> [T, H, W] bool
+def _mask(shape: int, cx: torch.Tensor, cy: torch.Tensor, r: float, S: int, block: int = 1) -> torch.Tensor:
+    # cx, cy: [T] -> [T, H, W] bool, decided per `block` x `block` pixels at the block's centre
+    if block > 1:
+        m = _mask(shape, cx / block, cy / block, r / block, S // block)
+        return m.repeat_interleave(block, 1).repeat_interleave(block, 2)
     ys = torch.arange(S, dtype=torch.float32).view(1, S, 1) + 0.5
     xs = torch.arange(S, dtype=torch.float32).view(1, 1, S) + 0.5
     dx, dy = xs - cx.view(-1, 1, 1), ys - cy.view(-1, 1, 1)
@@ -318,14 +390,21 @@ def sample(seed: int, cfg: TaskConfig = TaskConfig(), *, blank: bool = False) ->
                 objects.append(obj)
                 break
     video = _background(cfg, gen).expand(T, S, S, 3).clone()  # [T, H, W, 3]
-    if cfg.cues:
-        video = _with_cues(video, cfg)
+    binary = cfg.cues and cfg.cue_design == "binary"
+    if cfg.cues and not binary:
+        video = _angle_cues(video, cfg)
+    block = 2 if binary else 1  # binary cues: objects on 2 px blocks, so the cues read exactly on them
     masks = []
     for o in objects:
-        m = _mask(o.shape, o.centres[:, 0], o.centres[:, 1], o.radius, S) & o.visible.view(T, 1, 1)
-        shade = RGB[o.colour] + 0.04 * (torch.rand(3, generator=gen) - 0.5)
-        video = torch.where(m[..., None], shade.clamp(0, 1), video)
+        m = _mask(o.shape, o.centres[:, 0], o.centres[:, 1], o.radius, S, block) & o.visible.view(T, 1, 1)
+        shade = (RGB[o.colour] + 0.04 * (torch.rand(3, generator=gen) - 0.5)).clamp(0, 1)
+        if binary:
+            lo, hi = CUED_RANGE
+            shade = lo + (hi - lo) * shade
+        video = torch.where(m[..., None], shade, video)
         masks.append(m)
+    if binary:
+        video = _binary_cues(video, cfg)
     labels = _token_labels(cfg, objects, masks)
     if cfg.cues:
         labels.update(_cue_labels(cfg))

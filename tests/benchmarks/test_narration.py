@@ -92,10 +92,10 @@ def test_step_token_score_aligns_per_step():
 def test_cues_are_read_exactly_from_every_background_patch():
     """The step, row and column codes come out of a linear read-out of any 14 px patch, whatever
     the background's noise: the property that lets a small vision encoder tell time and place."""
-    from hippo_benchmarks.task import CUE_AXES, _background, _with_cues
+    from hippo_benchmarks.task import CUE_AXES, _angle_cues, _background
 
     cfg = narration_config(168, 4)  # cells of 56 px: four patches each
-    video = _with_cues(_background(cfg, torch.Generator().manual_seed(3)).expand(4, 168, 168, 3), cfg)
+    video = _angle_cues(_background(cfg, torch.Generator().manual_seed(3)).expand(4, 168, 168, 3), cfg)
     rg, by = CUE_AXES
     sign = 1.0 - 2.0 * (torch.arange(14) % 2).float()
     patterns = {"row": sign[:, None], "column": sign[None, :], "step": sign[:, None] * sign[None, :]}
@@ -109,6 +109,68 @@ def test_cues_are_read_exactly_from_every_background_patch():
                     value, n = want[name]
                     off = torch.atan2(code @ by, code @ rg) - 2 * torch.pi * value / n
                     assert abs(float(torch.remainder(off + torch.pi, 2 * torch.pi) - torch.pi)) < 0.05
+
+
+def test_binary_cues_are_read_exactly_from_every_patch_objects_included():
+    """The binary design: the step's bits, row and column come out of a linear read-out of any 14 px
+    patch, on an object or not: the property that lets a small vision encoder tell the time and
+    place of the very tokens a clause describes."""
+    from hippo_benchmarks.task import CUE_AXES, LUMINANCE, cue_patterns, step_code
+
+    cfg = narration_config(168, 8, cue_design="binary")  # cells of 56 px: four patches each
+    rg, by = CUE_AXES
+    pat = {k: v[:14, :14, None] for k, v in cue_patterns(168).items()}
+    on_objects = 0
+    for seed in SEEDS[:3]:
+        smp = narration_sample(seed, cfg)
+        for f in range(cfg.frames):
+            for i in range(1, 11):  # patches off the white border
+                for j in range(1, 11):
+                    patch = smp.video[f, 14 * i : 14 * i + 14, 14 * j : 14 * j + 14]  # [14, 14, 3]
+                    code = {k: (patch * v).mean((0, 1)) for k, v in pat.items()}  # name -> [3]
+                    for name, value in (("rows", i // 4), ("columns", j // 4)):
+                        off = torch.atan2(code[name] @ by, code[name] @ rg) - 2 * torch.pi * value / 3
+                        assert abs(float(torch.remainder(off + torch.pi, 2 * torch.pi) - torch.pi)) < 0.05
+                    bits = torch.stack(
+                        [code["checker"] @ a for a in (rg, by, LUMINANCE)] + [code["rows"] @ LUMINANCE]
+                    )
+                    assert torch.equal(bits.sign(), step_code(torch.tensor(f // TEMPORAL)))
+                    token = ((f // TEMPORAL) * 6 + i // 2) * 6 + j // 2
+                    on_objects += int(smp.token_labels["colour"][token] > 0)
+    assert on_objects > 100  # the read-out was checked on objects, not only on the background
+    with pytest.raises(ValueError, match="cue_design must be one of"):
+        narration_config(56, 8, cue_design="hue")
+
+
+def test_attention_targets_name_each_clause_object_and_step():
+    from hippo_benchmarks.narration import COLUMNS, ROWS, attention_targets
+    from hippo_benchmarks.task import COLOURS, SHAPES
+
+    for seed in SEEDS[:4]:
+        smp = narration_sample(seed, ask=("all", None))
+        words, targets = smp.caption.split(), attention_targets(smp)
+        steps = split_steps(smp.caption)
+        assert len(targets) == len(words)
+        step = -1
+        for i, (w, (colour, at, cell)) in enumerate(zip(words, targets)):
+            step += w == "step"
+            start = max(k for k in range(i + 1) if k == 0 or words[k - 1] in (".", ":"))
+            if words[start] in COLOURS and 0 < i - start <= 4 and w != ".":
+                row, column = ROWS.index(words[start + 2]), COLUMNS.index(words[start + 3])
+                assert (colour, at, cell) == (COLOURS.index(words[start]) + 1, step + 1, 3 * row + column + 1)
+                labels = smp.token_labels
+                assert bool(((labels["colour"] == colour) & (labels["step"] == at)).any())  # on screen
+            else:
+                assert (colour, at, cell) == (0, 0, 0), (i, w)
+        assert step + 1 == len(steps)
+        shape = next(
+            SHAPES[o.shape] for o in smp.objects if sum(p.shape == o.shape for p in smp.objects) == 1
+        )
+        where = narration_sample(seed, ask=("shape", shape))
+        obj = next(o for o in where.objects if SHAPES[o.shape] == shape)
+        cells = [t for w, t in zip(where.caption.split(), attention_targets(where)) if t != (0, 0, 0)]
+        assert cells and all(c == obj.colour + 1 and cell > 0 for c, _, cell in cells)  # that object's
+        assert len(cells) == 2 * sum(w in ("top", "middle", "bottom") for w in where.caption.split())
 
 
 def test_field_scores_name_what_is_wrong():

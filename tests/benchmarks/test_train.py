@@ -40,3 +40,49 @@ def test_batches_from_workers_equal_the_in_process_ones():
         assert g.keys() == e.keys()
         for k in e:
             assert torch.equal(g[k], e[k]) if isinstance(e[k], torch.Tensor) else g[k] == e[k], k
+
+
+def test_attention_loss_reads_the_models_own_attention():
+    """`train.attention_loss` recomputes one head's attention from the layer's inputs: it must be the
+    attention the model itself computes (eager attention, float64), on the right answer positions,
+    with the visual tokens pruned or not."""
+    from hippo_benchmarks.batching import lm_inputs, make_batch, select_kept
+    from hippo_benchmarks.models import new_model
+    from hippo_benchmarks.narration import narration_config, narration_sample
+    from hippo_benchmarks.train import AuxHeads, step_loss
+
+    model = new_model("target", seed=0).double()
+    model.set_attn_implementation("eager")
+    tokenizer = build_tokenizer()
+    cfg = TrainConfig(attend_at=(2, 1))
+    samples = [narration_sample(s, narration_config(84, 8), ask=("all", None)) for s in (3, 4)]
+    batch = make_batch(tokenizer, samples)
+    batch.pixels = batch.pixels.double()
+    aux = AuxHeads(model.config.text_config.hidden_size, cues=True).double()
+    gen = torch.Generator().manual_seed(0)
+    N = batch.video_rows.numel()
+    for keep in (
+        None,
+        torch.stack(
+            [select_kept(N, N // 2, "salient", batch.token_labels["colour"][b], gen) for b in range(2)]
+        ),
+    ):
+        loss = step_loss(model, aux, batch, cfg, keep, attend=True)[3]
+        embeds, positions, vis_rows, _ = lm_inputs(model, batch, keep)
+        out = model.model.language_model(inputs_embeds=embeds, position_ids=positions, output_attentions=True)
+        probs = out.attentions[2][:, 1]  # [B, L, L]
+        Lc = batch.captions.shape[1]
+        labels = {k: v if keep is None else v.gather(1, keep) for k, v in batch.token_labels.items()}
+        masses = []
+        for b in range(2):
+            for i in range(Lc):
+                colour, step, cell = batch.attend[b, i].tolist()
+                on = (labels["colour"][b] == colour) & (labels["step"][b] == step)
+                if bool((on & (labels["cell"][b] == cell)).any()):
+                    on = on & (labels["cell"][b] == cell)  # the object's tokens in the named cell
+                if colour and bool(on.any()):
+                    masses.append(probs[b, probs.shape[1] - Lc - 1 + i, vis_rows[on]].sum())
+        assert len(masses) > 20
+        # eager attention takes its softmax in float32: agreement to ~1e-8, where a wrong head,
+        # position or token set is off by far more
+        assert abs(float(loss + torch.stack(masses).log().mean())) < 1e-6
