@@ -417,7 +417,9 @@ class VideoSalmonn2PlusForConditionalGeneration(Qwen2_5_VLForConditionalGenerati
     ):
         if pixel_values is not None:
             raise InputError("video-SALMONN 2+ takes videos (pixel_values_videos), not images")
-        past = 0 if past_key_values is None else past_key_values.get_seq_length()
+        # transformers 5.24 renamed the argument: generate() passes `cache`, older releases `past_key_values`
+        cache = kwargs.get("cache", past_key_values)
+        past = 0 if cache is None else cache.get_seq_length()
         if inputs_embeds is None and input_ids is not None and (past == 0 or audio_feature is not None):
             inputs_embeds, _ = self.embed_prompt(input_ids, audio_feature, audio_lengths)
         if position_ids is None and input_ids is not None:

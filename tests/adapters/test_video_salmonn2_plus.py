@@ -450,3 +450,19 @@ def test_plain_forward_computes_positions_and_continues(positions):
     session = VideoSalmonn2PlusAdapter(m).prefill(VideoSalmonn2PlusAdapter(m).encode(inputs), None)
     assert torch.equal(session.last_logits.float(), ref.logits[0][0])
     assert torch.equal(session.forward(ref.sequences[0, -2:-1])[-1].float(), ref.logits[1][0])
+
+
+def test_a_generated_audio_placeholder_is_decoded_as_a_token():
+    """After the prompt, an `<|audio_pad|>` id the model itself generates is an ordinary token: the
+    model reads the cache from `generate()` under either name (`cache` since transformers 5.24,
+    `past_key_values` before), so a decode step is never taken for a prompt that lacks its audio."""
+    m = model()
+    inputs = prompt(m)
+    L, audio = inputs["input_ids"].shape[1], m.config.audio_token_id
+    vocab = list(range(m.config.text_config.vocab_size))
+
+    def force(_batch: int, ids: torch.Tensor) -> list[int]:  # the audio id first, then anything
+        return [audio] if ids.shape[-1] == L else vocab
+
+    out = m.generate(**inputs, max_new_tokens=3, do_sample=False, prefix_allowed_tokens_fn=force)
+    assert out[0, L] == audio and out.shape[1] == L + 3
