@@ -166,6 +166,7 @@ def attention_loss(
 
 
 def step_loss(model, aux: AuxHeads, batch, cfg: TrainConfig, keep: torch.Tensor | None, attend: bool = False):
+    """-> (cross-entropy, auxiliary loss, token accuracy), and `attention_loss` when `attend`."""
     embeds, positions, vis_rows, feats = lm_inputs(model, batch, keep)
     labels = batch.token_labels
     kept_labels = labels if keep is None else {k: v.gather(1, keep) for k, v in labels.items()}
@@ -176,8 +177,8 @@ def step_loss(model, aux: AuxHeads, batch, cfg: TrainConfig, keep: torch.Tensor 
             lambda _m, _i, out: captured.__setitem__("middle", out[0] if isinstance(out, tuple) else out)
         )
     ]
-    attend = attend and batch.attend is not None
-    if attend:
+    guided = attend and batch.attend is not None  # a captioning batch has no attention targets
+    if guided:
         layer, head = cfg.attend_at
 
         def keep_inputs(_m, args, kwargs):
@@ -201,16 +202,14 @@ def step_loss(model, aux: AuxHeads, batch, cfg: TrainConfig, keep: torch.Tensor 
     ) / 3
     mask = batch.labels != IGNORE
     acc = ((logits.argmax(-1) == batch.labels) & mask).sum() / mask.sum()
-    if attend:
+    if not attend:
+        return ce, a, float(acc)
+    att = ce.new_zeros(())
+    if guided:
         hidden, rope = captured["attn"]
         attn = layers[cfg.attend_at[0]].self_attn
-        return (
-            ce,
-            a,
-            float(acc),
-            attention_loss(attn, hidden, rope, cfg.attend_at[1], batch, vis_rows, kept_labels),
-        )
-    return ce, a, float(acc)
+        att = attention_loss(attn, hidden, rope, cfg.attend_at[1], batch, vis_rows, kept_labels)
+    return ce, a, float(acc), att
 
 
 def _optimizer(params, lr: float, weight_decay: float, slow: set[int] = frozenset(), slow_scale: float = 1.0):
