@@ -209,7 +209,8 @@ def attention_targets(smp: Sample) -> list[tuple[int, int, int]]:
                     for k in range(i, min(j, i + 2)):
                         out[k] = (seen[clause].colour + 1, step + 1, cell(i))
             clause += 1
-        i = j + 1 if j < len(words) and words[j] == "." else j
+        # past the clause's "." (or a "step" that starts no step, as a teacher's answer may hold)
+        i = j + 1 if j < len(words) and (words[j] == "." or j == i) else j
     return out
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -171,6 +173,9 @@ def test_attention_targets_name_each_clause_object_and_step():
         cells = [t for w, t in zip(where.caption.split(), attention_targets(where)) if t != (0, 0, 0)]
         assert cells and all(c == obj.colour + 1 and cell > 0 for c, _, cell in cells)  # that object's
         assert len(cells) == 2 * sum(w in ("top", "middle", "bottom") for w in where.caption.split())
+    # a teacher's answer need not be well formed: every word still gets a target, and none loops
+    for text in ("step step one : red", "step one : red circle step", "step . step", "step"):
+        assert len(attention_targets(replace(smp, caption=text))) == len(text.split())
 
 
 def test_field_scores_name_what_is_wrong():
