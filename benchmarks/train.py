@@ -166,7 +166,7 @@ def attention_loss(
 
 
 def step_loss(model, aux: AuxHeads, batch, cfg: TrainConfig, keep: torch.Tensor | None, attend: bool = False):
-    """-> (cross-entropy, auxiliary loss, token accuracy), and `attention_loss` when `attend`."""
+    """-> (cross-entropy, auxiliary loss, token accuracy, `attention_loss`: zero unless `attend`)."""
     embeds, positions, vis_rows, feats = lm_inputs(model, batch, keep)
     labels = batch.token_labels
     kept_labels = labels if keep is None else {k: v.gather(1, keep) for k, v in labels.items()}
@@ -202,8 +202,6 @@ def step_loss(model, aux: AuxHeads, batch, cfg: TrainConfig, keep: torch.Tensor 
     ) / 3
     mask = batch.labels != IGNORE
     acc = ((logits.argmax(-1) == batch.labels) & mask).sum() / mask.sum()
-    if not attend:
-        return ce, a, float(acc)
     att = ce.new_zeros(())
     if guided:
         hidden, rope = captured["attn"]
@@ -352,12 +350,8 @@ def run_phase(
                 curriculum = step < phase.one_object_frac * phase.steps
                 prune = not curriculum and float(torch.rand(1, generator=gen)) < phase.prune_frac
                 keep = _keep(cfg, batch, gen) if prune else None
-                if phase.attend_weight:
-                    ce, a, acc, att = step_loss(model, aux, batch, cfg, keep, attend=True)
-                    loss = ce + cfg.aux_weight * a + phase.attend_weight * att
-                else:
-                    ce, a, acc = step_loss(model, aux, batch, cfg, keep)
-                    loss, att = ce + cfg.aux_weight * a, torch.zeros(())
+                ce, a, acc, att = step_loss(model, aux, batch, cfg, keep, attend=phase.attend_weight > 0)
+                loss = ce + cfg.aux_weight * a + phase.attend_weight * att
                 hist.append((ce.item(), a.item(), acc, att.item()))
             opt.zero_grad(set_to_none=True)
             loss.backward()
