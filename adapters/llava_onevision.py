@@ -26,6 +26,7 @@ import torch
 from transformers import DynamicCache, LlavaOnevisionForConditionalGeneration
 
 from hippo import hookimpl
+from hippo.compat import cache_arg
 from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import Adapter, Encoded
 from hippo.session import KVSession
@@ -167,7 +168,7 @@ class LlavaOnevisionAdapter(AttentionReadout, Adapter):
         out = self.model(
             inputs_embeds=embeds[None],
             position_ids=positions,
-            past_key_values=cache,
+            **cache_arg(cache),
             use_cache=True,
             logits_to_keep=1,
         )

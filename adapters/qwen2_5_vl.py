@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
 
 from hippo import hookimpl
+from hippo.compat import cache_arg
 from hippo.errors import InputError, UnsupportedError
 from hippo.interfaces import Adapter, Encoded
 from hippo.session import KVSession
@@ -263,7 +264,7 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
         out = self.model(
             inputs_embeds=embeds[None],
             position_ids=positions[:, None, :],
-            past_key_values=cache,
+            **cache_arg(cache),
             use_cache=True,
             logits_to_keep=1,
         )

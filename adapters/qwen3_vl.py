@@ -19,6 +19,7 @@ from transformers import Qwen3VLForConditionalGeneration
 from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
 from hippo import hookimpl
+from hippo.compat import cache_arg
 from hippo.interfaces import Encoded
 from hippo.types import VideoClip
 from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter
@@ -84,7 +85,7 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
             input_ids=ids[None],
             mm_encoder_outputs=mm or None,
             position_ids=positions[:, None, :],
-            past_key_values=cache,
+            **cache_arg(cache),
             use_cache=True,
             logits_to_keep=1,
         )

@@ -59,6 +59,7 @@ from transformers.models.blip_2.modeling_blip_2 import (
 )
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
+from hippo.compat import cache_arg
 from hippo.errors import InputError
 from hippo_adapters.video_salmonn2_plus_positions import POSITION_MODES, mrope_positions
 
@@ -417,8 +418,10 @@ class VideoSalmonn2PlusForConditionalGeneration(Qwen2_5_VLForConditionalGenerati
     ):
         if pixel_values is not None:
             raise InputError("video-SALMONN 2+ takes videos (pixel_values_videos), not images")
-        # transformers 5.24 renamed the argument: generate() passes `cache`, older releases `past_key_values`
-        cache = kwargs.get("cache", past_key_values)
+        # transformers 5.24 renamed the argument (`hippo.compat`): generate() passes `cache` there,
+        # `past_key_values` before; either is read, and passed on under this release's name
+        cache = kwargs.pop("cache", None)
+        cache = past_key_values if cache is None else cache
         past = 0 if cache is None else cache.get_seq_length()
         if inputs_embeds is None and input_ids is not None and (past == 0 or audio_feature is not None):
             inputs_embeds, _ = self.embed_prompt(input_ids, audio_feature, audio_lengths)
@@ -435,7 +438,7 @@ class VideoSalmonn2PlusForConditionalGeneration(Qwen2_5_VLForConditionalGenerati
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            **cache_arg(cache),
             inputs_embeds=inputs_embeds,
             labels=labels,
             use_cache=use_cache,

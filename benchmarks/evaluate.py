@@ -21,6 +21,7 @@ from dataclasses import dataclass, field  # noqa: E402
 import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
+from hippo.compat import cache_arg  # noqa: E402
 from hippo_benchmarks.batching import lm_inputs, make_batch, prompt_positions, select_kept  # noqa: E402
 from hippo_benchmarks.task import TaskConfig, content_score, sample, token_score  # noqa: E402
 from hippo_benchmarks.tokenizer import caption_ids, processor_inputs  # noqa: E402
@@ -83,7 +84,7 @@ def greedy_ids(
     first = prompt_positions(model, batch)[1]  # the prompt's last position + 1, as generate() continues
     cache = DynamicCache(config=model.config)
     out = model(
-        inputs_embeds=embeds, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
+        inputs_embeds=embeds, position_ids=positions, **cache_arg(cache), use_cache=True, logits_to_keep=1
     )
     tokens = out.logits[:, -1].argmax(-1)  # [B]
     result = [[int(t)] for t in tokens]
@@ -92,7 +93,7 @@ def greedy_ids(
         if bool(done.all()):
             break
         pos = torch.full((3, B, 1), first + i - 1)
-        out = model(input_ids=tokens[:, None], position_ids=pos, past_key_values=cache, use_cache=True)
+        out = model(input_ids=tokens[:, None], position_ids=pos, **cache_arg(cache), use_cache=True)
         tokens = out.logits[:, -1].argmax(-1)
         for b in range(B):
             if not done[b]:

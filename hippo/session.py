@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hippo.compat import cache_arg
 from hippo.errors import UnsupportedError
 from hippo.interfaces import ModelSession
 
@@ -73,7 +74,7 @@ class KVSession(ModelSession):
 
     def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # ids [1, k] -> logits [k, V]
         with self._kernels(ids.shape[1]):
-            out = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True)
+            out = self.model(input_ids=ids, position_ids=pos, **cache_arg(self.cache), use_cache=True)
         return out.logits[0]
 
     def _kernels(self, rows: int) -> Any:
@@ -115,7 +116,7 @@ class KVSession(ModelSession):
                 input_ids=tokens.to(self.device, torch.long).view(1, -1),
                 position_ids=pos.to(self.device),
                 attention_mask=mask[None, None].to(self.device),
-                past_key_values=self.cache,
+                **cache_arg(self.cache),
                 use_cache=True,
             )
         logits = out.logits[0]

@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 import torch
 
+from hippo.compat import cache_arg
 from hippo.errors import ConfigError
 from hippo.session import KVSession, synchronize
 
@@ -168,7 +169,7 @@ class CompiledStep:
         options = {"triton.cudagraphs": True} if cuda else {"freezing": True}
 
         def step(ids, pos, cache):
-            return model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits
+            return model(input_ids=ids, position_ids=pos, **cache_arg(cache), use_cache=True).logits
 
         self._fn = torch.compile(step, dynamic=not cuda, options=options)
 

@@ -2,15 +2,19 @@
 
 For each backbone: the draft's KV cache holds exactly (prompt - pruned visual) entries, the kept
 visual rows carry the adapter's promised positions, and decoding continues at the full prompt's next
-position. Also: every backbone's checkpoint loads back through `from_pretrained(local_dir)`.
+position. Sessions hand the model its cache under this transformers release's argument name, so
+no deprecation warning is raised. Also: every backbone's checkpoint loads back through `from_pretrained(local_dir)`.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 
 import hippo
+from hippo.compat import CACHE_ARG
 from hippo.registry import lookup
 
 BACKBONES = {
@@ -43,7 +47,7 @@ def test_draft_prefill_sees_exactly_the_kept_tokens(name, monkeypatch):
     original = model.forward
 
     def spy(*args, **kwargs):
-        if kwargs.get("past_key_values") is not None and kwargs["past_key_values"].get_seq_length() == 0:
+        if kwargs.get(CACHE_ARG) is not None and kwargs[CACHE_ARG].get_seq_length() == 0:
             seen.update(kwargs)
         return original(*args, **kwargs)
 
@@ -69,6 +73,23 @@ def test_draft_prefill_sees_exactly_the_kept_tokens(name, monkeypatch):
     # decoding continues at the full prompt's next position
     nxt = session.positions(L, 1).reshape(-1)
     assert bool((nxt == enc.next_position).all())
+
+
+@pytest.mark.parametrize("name", sorted(BACKBONES))
+def test_sessions_pass_the_cache_as_this_release_names_it(name):
+    """transformers 5.24 renamed `past_key_values` to `cache` (the old name warns, and goes in 5.40):
+    prefill, decoding, a masked block and rollback use the current name, without a warning."""
+    cls, model, inputs = _setup(name)
+    adapter = cls(model)
+    enc = adapter.encode(inputs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for keep in (None, torch.tensor([0, 2])):
+            session = adapter.prefill(enc, keep)
+            session.forward(torch.tensor([1, 2]))
+            session.forward_masked(torch.tensor([3, 4]), torch.tensor([0, 1]), torch.ones(2, 2).tril().bool())
+            session.rollback(session.length - 1)
+    assert [str(w.message) for w in caught if "past_key_values" in str(w.message)] == []
 
 
 def test_llava_compact_positions_renumber():

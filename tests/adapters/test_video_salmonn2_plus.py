@@ -16,6 +16,7 @@ from transformers.models.blip_2.modeling_blip_2 import Blip2QFormerModel
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 import hippo
+from hippo.compat import CACHE_ARG
 from hippo.errors import ConfigError, InputError
 from hippo.registry import resolve_adapter
 from hippo_adapters.qwen2_5_vl_tiny import tiny_config as qwen_tiny_config
@@ -340,7 +341,7 @@ def test_draft_prefill_gets_kept_video_all_audio_all_text(positions, monkeypatch
     original = target.forward
 
     def spy(*args, **kwargs):
-        if kwargs.get("past_key_values") is not None and kwargs["past_key_values"].get_seq_length() == 0:
+        if kwargs.get(CACHE_ARG) is not None and kwargs[CACHE_ARG].get_seq_length() == 0:
             seen.update(kwargs)
         return original(*args, **kwargs)
 
