@@ -3,7 +3,8 @@
 For each backbone: the draft's KV cache holds exactly (prompt - pruned visual) entries, the kept
 visual rows carry the adapter's promised positions, and decoding continues at the full prompt's next
 position. Sessions hand the model its cache under this transformers release's argument name, so
-no deprecation warning is raised. Also: every backbone's checkpoint loads back through `from_pretrained(local_dir)`.
+no deprecation warning is raised. Also: every backbone's checkpoint loads back through
+`from_pretrained(local_dir)`.
 """
 
 from __future__ import annotations
