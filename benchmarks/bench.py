@@ -140,7 +140,7 @@ def methods(keep: float, gamma: int, *, quick: bool, compiled: bool = True) -> l
         rows.append(hippo_row(f"HIPPO keep {ratio:g}", "sweep-keep", selector_options=_keep(ratio)))
     for prune in ("late", "early"):  # two_phase is HIPPO's default (the main row)
         rows.append(hippo_row(f"HIPPO prune={prune}", "prune-mode", {"prune": prune}))
-    # one core per model throughout, the target's prefill included (the placement before session 7)
+    # one core per model throughout, the target's prefill included
     rows.append(hippo_row("HIPPO, target prefill on 1 core", "cores", {"executor_options": {}}))
     rows.append(hippo_row("HIPPO auto_gamma (speed ratio)", "sweep-gamma", {"auto_gamma": True}))
     for g in (g for g in (2, 3, 5, 8, 12) if g != gamma):  # γ = gamma is the main HIPPO row

@@ -8,9 +8,10 @@ lets query slot s see slots <= s, and the next forward overwrites them.
 
 On CPU the graph is inductor's with `freezing` and dynamic token counts, which packs every linear
 layer's weight for oneDNN: the small-M GEMMs of a (γ+1)-token verification then run near the
-bandwidth floor instead of MKL's small-M path (../shared/notes/cpu-costs.md). One graph serves all
-widths k >= 2 and one k = 1, so γ from the cost model does not recompile. On CUDA the same graph
-runs under CUDA graphs (inductor's `reduce-overhead`) with a graph per width.
+bandwidth floor instead of MKL's small-M path (measured: a 6-row [1536 x 1024] linear took 0.26 ms
+against MKL's 0.88 ms). One graph serves all widths k >= 2 and one k = 1, so γ from the cost model
+does not recompile. On CUDA the same graph runs under CUDA graphs (inductor's `reduce-overhead`)
+with a graph per width.
 
 Compilation is paid on the first forward of each graph (seconds; `seconds_compile` books it) and
 cached by inductor on disk for later processes; `mode="eager"` keeps the static cache without
