@@ -16,6 +16,12 @@ with a graph per width.
 Compilation is paid on the first forward of each graph (seconds; `seconds_compile` books it) and
 cached by inductor on disk for later processes; `mode="eager"` keeps the static cache without
 compiling (for tests and for shapes inductor cannot take).
+
+Profiled (narration target after a 587-token prompt, 2 threads, an Intel Xeon with AVX-512): a compiled
+1-token step took 9.5-11 ms, ~2.2 ms of it copying each layer's 8 key/value heads out to the 16 query
+heads, since transformers' SDPA path repeats them whenever an attention mask is given and a static
+cache always gives one. `TRANSFORMERS_SDPA_FORCE_GQA=1` (SDPA's own grouped-query attention) brought
+the step to 7.9 ms; it is not set here because it changes the attention of every model in the process.
 """
 
 from __future__ import annotations
