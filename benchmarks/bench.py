@@ -20,6 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ import torch
 
 import hippo
 from hippo.registry import lookup
+
+from .command import DEFAULT_OUT
 
 # ---- methods ------------------------------------------------------------------------------------
 
@@ -140,7 +143,7 @@ def methods(keep: float, gamma: int, *, quick: bool, compiled: bool = True) -> l
         rows.append(hippo_row(f"HIPPO keep {ratio:g}", "sweep-keep", selector_options=_keep(ratio)))
     for prune in ("late", "early"):  # two_phase is HIPPO's default (the main row)
         rows.append(hippo_row(f"HIPPO prune={prune}", "prune-mode", {"prune": prune}))
-    # one core per model throughout, the target's prefill included (the placement before session 7)
+    # one core per model throughout, the target's prefill included
     rows.append(hippo_row("HIPPO, target prefill on 1 core", "cores", {"executor_options": {}}))
     rows.append(hippo_row("HIPPO auto_gamma (speed ratio)", "sweep-gamma", {"auto_gamma": True}))
     for g in (g for g in (2, 3, 5, 8, 12) if g != gamma):  # γ = gamma is the main HIPPO row
@@ -627,12 +630,38 @@ def plots(summary: dict, out: Path) -> list[Path]:
     return paths
 
 
+SIMD_FLAGS = ("sse4", "avx", "fma", "f16c", "amx")  # the instruction sets a CPU kernel's speed depends on
+
+
+def cpu_info(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> dict:
+    """The CPU's model name, its vector and matrix instruction sets (`lscpu`'s flags) and the kernel level
+    torch dispatches to (`torch.backends.cpu.get_cpu_capability()`: "AVX2", "AVX512", ...)."""
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:  # not Linux
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = value.split()
+    return {
+        "cpu_model": model,
+        "cpu_flags": sorted(f for f in set(flags) if f.startswith(SIMD_FLAGS)),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
 def environment(seed: int, threads: int) -> dict:
     import transformers
 
     return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        **cpu_info(),
         "cpu_count": os.cpu_count(),
         "threads": threads,
         "core_split": {
@@ -645,6 +674,56 @@ def environment(seed: int, threads: int) -> dict:
         "hippo": hippo.__version__,
         "seed": seed,
     }
+
+
+def results_markdown(summary: dict) -> str:
+    """The whole report as one Markdown document: the machine, CPU, versions and date, then the tables."""
+    env, s = summary["environment"], summary["settings"]
+    gen = summary["generation"]
+    length = (
+        f"{gen['min_new_tokens']}-{gen['max_new_tokens']}"
+        if gen["min_new_tokens"]
+        else f"up to {gen['max_new_tokens']}"
+    )
+    run = (
+        f"`hippo bench{' --quick' if s['quick'] else ''} --pair {s['pair']}`: {s['videos']} videos x "
+        f"{s['repeats']} repeats, {length} new tokens, keep ratio {s['keep_ratio']}, γ = {s['gamma']}"
+        f"{'' if s['compiled'] else ', no compiled rows'}, seed {env['seed']}"
+    )
+    return "\n".join(
+        [
+            "# hippo bench results",
+            "",
+            f"Written by `hippo bench` on {env['date']}. Medians over repeats, measured on the machine below; "
+            "another CPU gives other timings and other speedups.",
+            "",
+            "| | |",
+            "|---|---|",
+            f"| run | {run} |",
+            f"| workload | {summary['workload']} |",
+            f"| CPU | {env['cpu_model']}, {env['cpu_count']} logical CPUs; target-alone and serial rows on "
+            f"{env['threads']} threads, `pearl`/`hippo` rows one thread per model while decoding |",
+            f"| CPU flags | {' '.join(env['cpu_flags']) or 'n/a'}; torch's CPU kernels: {env['cpu_capability']} |",
+            f"| system | {env['machine']} |",
+            f"| versions | Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}, "
+            f"hippo {env['hippo']} |",
+            "",
+            markdown(summary),
+        ]
+    )
+
+
+def write_results(summary: dict, directory: Path, markdown_file: Path | None = None) -> list[Path]:
+    """Write table.md (the Markdown report), results.json and the plots into `directory`, and the
+    Markdown report to `markdown_file` as well when one is given. Returns the files written."""
+    report = results_markdown(summary) + "\n"
+    written = [directory / "table.md", directory / "results.json"]
+    written[0].write_text(report)
+    written[1].write_text(json.dumps(summary, indent=2, default=str))
+    if markdown_file is not None:
+        markdown_file.write_text(report)
+        written.append(markdown_file)
+    return written + plots(summary, directory)
 
 
 def main(
@@ -662,11 +741,14 @@ def main(
     threads: int = 2,
     compiled: bool = True,
     seed: int = 0,
-    out: str | os.PathLike = "results/bench",
+    out: str | os.PathLike = DEFAULT_OUT,
     timeline: str | os.PathLike | None = None,
     log: Callable[[str], None] = print,
 ) -> dict:
-    out = Path(out)
+    """Run the bench and write its results. `out` is a directory (table.md, results.json, plots) or a
+    `.md` file: then the Markdown report goes to that file and the rest to `DEFAULT_OUT`."""
+    markdown_file = Path(out) if Path(out).suffix == ".md" else None
+    out = Path(DEFAULT_OUT) if markdown_file else Path(out)
     out.mkdir(parents=True, exist_ok=True)
     videos = videos or (2 if quick else 4)
     repeats = repeats or (1 if quick else 2)
@@ -698,12 +780,20 @@ def main(
         log=log,
     )
     summary["generation"] = {"max_new_tokens": max_new_tokens, "min_new_tokens": min_new_tokens}
+    summary["settings"] = {
+        "quick": quick,
+        "pair": pair,
+        "videos": videos,
+        "repeats": repeats,
+        "keep_ratio": keep_ratio,
+        "gamma": gamma,
+        "compiled": compiled,
+    }
     summary["environment"] = environment(seed, threads)
     summary["workload"] = w.description
     summary["position_bias"] = position_bias_chart(w, keep_ratio, out)
-    table = markdown(summary)
-    (out / "table.md").write_text(table + "\n")
-    (out / "results.json").write_text(json.dumps(summary, indent=2, default=str))
-    summary["plots"] = [str(p) for p in plots(summary, out)] + [str(out / "position_bias.png")]
-    log(table)
+    written = write_results(summary, out, markdown_file)
+    summary["plots"] = [str(p) for p in written if p.suffix == ".png"] + [str(out / "position_bias.png")]
+    log(markdown(summary))
+    log(f"hippo bench: wrote {', '.join(str(p) for p in written if p.suffix != '.png')}")
     return summary

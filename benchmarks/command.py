@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+DEFAULT_OUT = "results/bench"  # where the results go unless --out names a directory
 EXIT_MISMATCH = 1  # an output differs from HF generate's
 
 
@@ -19,7 +20,8 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
             "the same pair, videos and prompts; report medians over repeats of MAT, speedup over HF generate, "
             "tokens/s, TTFT, the time breakdown, the share of draft time hidden behind the target, and the MAT "
             "bound. Every output is checked against HF generate's; a differing one is flagged (exit 1). Writes "
-            "table.md, results.json and PNG plots to --out. The target-alone baselines get all --threads "
+            "table.md (the Markdown report: machine, CPU flags, versions, date, tables), results.json and PNG "
+            "plots to --out, or the report to --out FILE.md (and the rest to results/bench). The target-alone baselines get all --threads "
             "cores; pearl/hippo run the draft in its own process, one core per model."
         ),
     )
@@ -59,7 +61,11 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     b.add_argument("--seed", type=int, default=0, help="held-out video seed offset (default: %(default)s)")
     b.add_argument(
-        "--out", default="results/bench", metavar="DIR", help="results directory (default: %(default)s)"
+        "--out",
+        default=DEFAULT_OUT,
+        metavar="DIR|FILE.md",
+        help="results directory (default: %(default)s); or a .md file such as benchmarks/RESULTS.md: the "
+        f"Markdown report goes there, results.json and the plots to {DEFAULT_OUT}",
     )
     b.add_argument(
         "--timeline",
@@ -74,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     from hippo_benchmarks.bench import main as bench
 
     check_output(args.timeline, "--timeline")
+    if args.out.endswith(".md"):
+        check_output(args.out, "--out")
 
     summary = bench(
         quick=args.quick,

@@ -225,7 +225,7 @@ def _angle_cues(video: torch.Tensor, cfg: TaskConfig) -> torch.Tensor:  # [T, H,
     Patches start at even pixels, so every visual patch sees each pattern in the same phase: a linear
     read-out recovers the three codes exactly, and the background's smooth noise and 4 px grain add
     nothing to them. An object covering part of a patch scales the codes, which leaves their angles
-    (the values) unchanged. Objects are drawn over the cues afterwards. Measured since: their edges
+    (the values) unchanged. Objects are drawn over the cues afterwards. Measured: their edges
     leak into the stripes, and attention cannot tell neighbouring steps' angles apart (the
     `binary` design and benchmarks/README.md).
     """

@@ -1,7 +1,7 @@
 """Train the benchmark pair on this CPU, deterministically from a seed.
 
     python -m hippo_benchmarks.train                      # both models, writes benchmarks/pair/
-    python -m hippo_benchmarks.train --role draft --steps 200 --out /tmp/pair   # one model, a quick try
+    python -m hippo_benchmarks.train --role draft --scale 0.1 --out /tmp/pair   # one model, a quick try
 
 Loss: cross-entropy on the caption (teacher forcing) plus an auxiliary per-visual-token loss: small
 training-only linear heads read the colour, shape and motion of the object each visual token sees

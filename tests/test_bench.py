@@ -95,3 +95,87 @@ def test_bench_fixed_length_runs_suppress_eos_until_min_new_tokens():
     for name, videos in summary["per_video"].items():
         assert [v["new_tokens"] for v in videos] == [7], name
         assert all(v["identical"] for v in videos), name
+
+
+def _fake_results(seconds: float, scheduler: str, mat: float | None = None) -> dict:
+    """One method's raw results on one video, shaped as `bench.run` records them."""
+    stats = {"seconds_ttft": 0.5}
+    if mat is not None:  # a hippo run
+        stats |= {
+            "mat": mat,
+            "mat_accumulated": mat + 1,
+            "seconds_target_prefill": 0.4,
+            "seconds_target_decode": seconds - 0.6,
+            "seconds_draft_prefill": 0.05,
+            "seconds_draft_decode": 0.2,
+            "seconds_pruning": 0.01,
+            "seconds_total": seconds,
+            "draft_hidden_fraction": 0.9,
+        }
+    video = {"seconds": seconds, "identical": True, "new_tokens": 64, "stats": stats, "times": [seconds]}
+    return {"method": {"group": "main", "scheduler": scheduler}, "videos": [video]}
+
+
+def test_bench_out_md_writes_one_markdown_report_with_the_machine(tmp_path, monkeypatch):
+    """`hippo bench --out FILE.md` writes the report (machine, CPU flags, versions, date, tables) to
+    FILE.md and the raw files to results/bench; the run itself is replaced by a fixed fake result."""
+    from hippo_benchmarks import bench
+
+    results = {
+        "HF generate (target alone)": _fake_results(4.0, "autoregressive"),
+        "autoregressive": _fake_results(3.6, "autoregressive", mat=1.0),
+        "HIPPO": _fake_results(1.6, "hippo", mat=4.0),
+    }
+    costs = {
+        "t_decode": 0.02,
+        "t_verify": 0.03,
+        "t_verify_unpacked": 0.05,
+        "t_draft_full": 0.002,
+        "t_draft_pruned": 0.0015,
+        "weight_bytes": 126e6,
+        "packed_bytes": 126e6,
+        "threads": 2,
+    }
+    monkeypatch.setattr(bench, "run", lambda *a, **k: bench.summarise(results, costs, k["gamma"]))
+    monkeypatch.setattr(bench, "position_bias_chart", lambda w, keep, out: {})
+    monkeypatch.setattr(
+        bench,
+        "cpu_info",
+        lambda: {"cpu_model": "Test CPU 9000", "cpu_flags": ["avx2", "fma"], "cpu_capability": "AVX2"},
+    )
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "docs" / "RESULTS.md"
+    args = ["bench", "--quick", "--pair", "tiny", "--videos", "1", "--no-compile", "--out", str(report)]
+    assert main(args) == 2  # its directory does not exist: refused before any work
+    report.parent.mkdir()
+    assert main(args) == 0
+    text = report.read_text()
+    assert text.startswith("# hippo bench results\n")
+    assert "| CPU | Test CPU 9000," in text and "| CPU flags | avx2 fma; torch's CPU kernels: AVX2 |" in text
+    assert "`hippo bench --quick --pair tiny`: 1 videos x 1 repeats, up to 48 new tokens" in text
+    assert "torch " in text and "transformers " in text and " UTC" in text  # versions and date
+    headline = text.split("### Speed and acceptance (paper Table 1)\n\n")[1].split("\n\n")[0].splitlines()
+    assert headline[2:] == [
+        "| HF generate (target alone) | yes | 1.00 | 1.00 | 1.00x | 1.00x |  |",
+        "| autoregressive | yes | 1.00 | 2.00 | 1.11x | 1.09x |  |",
+        "| HIPPO | yes | 4.00 | 5.00 | 2.50x | 2.92x |  |",
+    ]
+    assert "### Time breakdown (paper Table 2)" in text
+    raw = tmp_path / "results" / "bench"
+    assert (raw / "table.md").read_text() == text  # the directory's copy of the same report
+    assert json.loads((raw / "results.json").read_text())["environment"]["cpu_model"] == "Test CPU 9000"
+    assert (raw / "speedup.png").stat().st_size > 0
+
+
+def test_cpu_info_reads_the_model_and_the_vector_flags(tmp_path):
+    from hippo_benchmarks.bench import cpu_info
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f amx_tile ht\n"
+        "\nprocessor\t: 1\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f amx_tile ht\n"
+    )
+    info = cpu_info(cpuinfo)
+    assert info["cpu_model"] == "AMD EPYC 9R14"
+    assert info["cpu_flags"] == ["amx_tile", "avx", "avx2", "avx512f", "fma", "sse4_2"]
+    assert info["cpu_capability"]  # torch's kernel level, e.g. "AVX2"
