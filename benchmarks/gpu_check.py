@@ -434,7 +434,7 @@ def time_row(pair: Pair, ref: Any, row: Row, args: argparse.Namespace) -> dict:
         _sync()
         warmup = time.perf_counter() - t0
         checks = [compare(seq, ref, L, pair.dtype)]
-        times = []
+        times, recompiling = [], 0.0
         for _ in range(args.repeats):
             _sync()
             t0 = time.perf_counter()
@@ -442,6 +442,7 @@ def time_row(pair: Pair, ref: Any, row: Row, args: argparse.Namespace) -> dict:
             _sync()
             times.append(time.perf_counter() - t0)
             checks.append(compare(seq, ref, L, pair.dtype))
+            recompiling += stats.get("seconds_compile", 0.0)
     finally:
         if pipe is not None:
             pipe.close()
@@ -455,6 +456,7 @@ def time_row(pair: Pair, ref: Any, row: Row, args: argparse.Namespace) -> dict:
         "seconds": seconds,
         "times": times,
         "warmup_seconds": warmup,
+        "compile_seconds_in_timed_runs": recompiling,  # > 0: a timed run compiled a graph (shapes changed)
         "tokens_per_second": args.new_tokens / seconds,
         "output": worst,
         "mat": stats.get("mat"),
@@ -585,6 +587,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     rep = Report()
+    try:
+        return run(args, rep)
+    except Exception as exc:  # a crash still ends with the summary line (and the traceback above it)
+        import traceback
+
+        traceback.print_exc()
+        rep.data["error"] = f"{type(exc).__name__}: {exc}"
+        finish(rep, args, "FAIL", f"crashed: {type(exc).__name__}: {exc}")
+        return 1
+
+
+def run(args: argparse.Namespace, rep: Report) -> int:
     plugins = ensure_builtins()
     from hippo.registry import registry
     from hippo_benchmarks.models import n_params
@@ -682,9 +696,11 @@ def main(argv: list[str] | None = None) -> int:
                 r = {"name": row.name, "error": f"{type(exc).__name__}: {exc}"}
                 rep.log(f"  {row.name}: ERROR {r['error']}")
             else:
+                again = r["compile_seconds_in_timed_runs"]
                 rep.log(
-                    f"  {row.name}: {r['tokens_per_second']:.1f} tok/s (warm-up {r['warmup_seconds']:.1f}s), "
-                    f"output {_describe(r['output'])}"
+                    f"  {row.name}: {r['tokens_per_second']:.1f} tok/s (warm-up {r['warmup_seconds']:.1f}s"
+                    + (f"; the timed runs compiled for {again:.1f}s" if again else "")
+                    + f"), output {_describe(r['output'])}"
                 )
             timing.append(r)
         ok_rows = [r for r in timing if "error" not in r]
@@ -695,7 +711,16 @@ def main(argv: list[str] | None = None) -> int:
     rep.data["timing"] = timing
     rep.data["skipped"] = skipped
 
-    # ---- verdict ----
+    verdict, summary = summarise(equality, timing, skipped, timed=not args.no_timing)
+    finish(rep, args, verdict, summary)
+    return 0 if verdict == "PASS" else 1
+
+
+def summarise(
+    equality: list[dict], timing: list[dict], skipped: list[str], *, timed: bool
+) -> tuple[str, str]:
+    """('PASS' | 'FAIL', one line): a case fails when it differs from generate other than at a near-tie,
+    errs, or fell back to the target alone; a timing row fails when it errs or differs."""
     failed = [
         f"{r['case']}/{r['dtype']}: {r['status']}" for r in equality if r["status"] not in ("equal", "tie")
     ]
@@ -704,29 +729,31 @@ def main(argv: list[str] | None = None) -> int:
         for r in timing
         if "error" in r or r["output"]["status"] == "differ"
     ]
-    if not args.no_timing and not any("error" not in r for r in timing):
+    if timed and not any("error" not in r for r in timing):
         failed.append("no timing row ran")
     ties = [f"{r['case']}/{r['dtype']}" for r in equality if r["status"] == "tie"]
     ties += [f"timing {r['name']}" for r in timing if "error" not in r and r["output"]["status"] == "tie"]
     equal = sum(r["status"] == "equal" for r in equality)
-    verdict = "FAIL" if failed else "PASS"
     parts = [f"{equal}/{len(equality)} equality cases equal to generate"]
     if ties:
         parts.append(f"near-ties (bf16/fp32 rounding, not failures): {', '.join(ties)}")
     if failed:
         parts.append(f"failed: {'; '.join(failed)}")
     if skipped:
-        parts.append(f"skipped for time: {len(skipped)}")
-    parts.append(f"{rep.elapsed():.0f}s")
+        parts.append(f"skipped for time: {', '.join(skipped)}")
+    return ("FAIL" if failed else "PASS"), "; ".join(parts)
+
+
+def finish(rep: Report, args: argparse.Namespace, verdict: str, summary: str) -> None:
+    """The summary line, and the report files under `--out`."""
     rep.data["verdict"] = verdict
     rep.data["elapsed_seconds"] = rep.elapsed()
     rep.log("")
-    rep.log(f"GPU CHECK {verdict} ({args.device}): " + "; ".join(parts))
+    rep.log(f"GPU CHECK {verdict} ({args.device}): {summary}; {rep.elapsed():.0f}s")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_check.json").write_text(json.dumps(rep.data, indent=2, default=str) + "\n")
         (args.out / "gpu_check.txt").write_text("\n".join(rep.lines) + "\n")
-    return 0 if verdict == "PASS" else 1
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ def test_cpu_smoke_mode_checks_every_eager_path_and_times_them(tmp_path, monkeyp
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["verdict"] == "PASS"
     cases = {(r["case"], r["dtype"]): r["status"] for r in report["equality"]}
-    assert cases == {(c, d): "equal" for c in ("serial", "hippo", "compiled") for d in ("float32", "bfloat16")}
+    assert cases == {
+        (c, d): "equal" for c in ("serial", "hippo", "compiled") for d in ("float32", "bfloat16")
+    }
     rows = {r["name"]: r for r in report["timing"]}
     assert {"HF generate (target alone)", "hippo autoregressive", "serial, γ auto"} <= set(rows)
     assert all(r["tokens_per_second"] > 0 and r["output"]["status"] == "equal" for r in rows.values())
