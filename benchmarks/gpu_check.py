@@ -49,9 +49,11 @@ PYTHONPATH), it registers them from the checkout's pyproject.toml for this proce
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import json
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -113,6 +115,7 @@ def ensure_builtins() -> str:
     if not entries:
         raise SystemExit(f"{pyproject} has no [project.entry-points.hippo] table")
     root = Path(tempfile.mkdtemp(prefix="hippo-gpu-check-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     info = root / "hippo-0.0.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hippo\nVersion: 0.0.0\n")
