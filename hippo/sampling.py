@@ -54,11 +54,13 @@ class TokenPolicy:
         do_sample: bool,
         generator: torch.Generator,
         vocab_size: int | None = None,  # the target's V; draft logits are fitted to it
+        device: torch.device | None = None,  # where the processors' tensors live (None: any)
     ):
         self.processors = processors
         self.do_sample = bool(do_sample)
         self.generator = generator
         self.vocab_size = vocab_size
+        self.device = device
 
     def fork(self) -> TokenPolicy:
         """The same rules with a generator of its own, seeded by one draw from this one.
@@ -68,7 +70,7 @@ class TokenPolicy:
         """
         seed = int(torch.randint(2**62, (), generator=self.generator))
         return TokenPolicy(
-            self.processors, self.do_sample, torch.Generator().manual_seed(seed), self.vocab_size
+            self.processors, self.do_sample, torch.Generator().manual_seed(seed), self.vocab_size, self.device
         )
 
     def fit(self, logits: torch.Tensor) -> torch.Tensor:  # [..., V_q] -> [..., V_p]
@@ -89,20 +91,21 @@ class TokenPolicy:
         prompt_ids: torch.Tensor,  # [L]
         generator: torch.Generator,
     ) -> TokenPolicy:
-        ids = prompt_ids[None]
+        device = model.device  # generate() builds its processors where the logits are
+        ids = prompt_ids[None].to(device)
         # as generate() does first: the eos/pad/bos tensors that min_new_tokens, min_length and other
         # eos-aware processors read (without them those processors are silently left out)
-        model._prepare_special_tokens(gc, True, device=ids.device)
+        model._prepare_special_tokens(gc, True, device=device)
         processors = model._get_logits_processor(
             generation_config=gc,
             input_ids_seq_length=ids.shape[1],
             encoder_input_ids=ids,
             prefix_allowed_tokens_fn=None,
             logits_processor=LogitsProcessorList(),
-            device=ids.device,
+            device=device,
             model_kwargs={"attention_mask": torch.ones_like(ids)},
         )
-        return cls(processors, gc.do_sample, generator, model.get_output_embeddings().weight.shape[0])
+        return cls(processors, gc.do_sample, generator, model.get_output_embeddings().weight.shape[0], device)
 
     def process(
         self,
@@ -114,6 +117,8 @@ class TokenPolicy:
         logits = logits.float()
         if not self.processors:
             return logits
+        if self.device is not None:  # the processors' tensors (eos ids, ...) live on the model's device
+            logits = logits.to(self.device)
         k, start = logits.shape[0], seq.shape[0] - logits.shape[0] + 1
         seq = seq.to(logits.device)
         rows = [self.processors(seq[None, : start + i], logits[i : i + 1].clone()) for i in range(k)]
