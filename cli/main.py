@@ -21,7 +21,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import hippo  # noqa: E402
-from hippo.errors import HippoError  # noqa: E402
+from hippo.errors import HippoError, one_line  # noqa: E402
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
@@ -538,8 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HippoError as exc:
         if args.debug:
             traceback.print_exc()
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"hippo: error: {message}", file=sys.stderr)
+        print(f"hippo: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("hippo: interrupted", file=sys.stderr)
