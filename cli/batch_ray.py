@@ -1,0 +1,108 @@
+"""`hippo batch --ray [ADDRESS]`: the same records through `Pipeline.map` on a pool of Ray actors.
+
+Ray Data's `map_batches` hands `--window` records at a time to an actor pool; each actor builds one
+pipeline (`--ray-num-cpus` / `--ray-num-gpus` each) and answers its batch with `Pipeline.map`, so every
+answer is exactly what the in-process run gives. The driver (the `hippo batch` process) reads IN and
+writes OUT with the same resume rules; the rows in flight are the actors' current batches.
+
+Every node must import the same hippo (`pip install 'hippo[ray]'` there) and read the checkpoints and
+videos at the same paths (a shared file system). Ray is optional: without it `--ray` is a usage error
+naming the extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from hippo.builder import PipelineBuilder, PipelineConfig
+from hippo.errors import ConfigError
+
+EXTRA = "pip install 'hippo[ray]'"
+
+
+def require_ray() -> Any:
+    try:
+        import ray
+        import ray.data  # noqa: F401 - the extra is ray[data]
+    except ImportError as exc:
+        raise ConfigError(f"--ray needs Ray Data, which is not installed ({exc}); {EXTRA}") from None
+    return ray
+
+
+def check_ray_options(args: argparse.Namespace) -> None:
+    require_ray()
+    for flag, value in (("--ray-num-cpus", args.ray_num_cpus), ("--ray-num-gpus", args.ray_num_gpus)):
+        if not 0 <= value < math.inf:
+            raise ConfigError(f"{flag} must be a number >= 0, got {value}")
+    if args.ray_num_cpus == 0 and args.ray_num_gpus == 0:
+        raise ConfigError("an actor needs some resources: give --ray-num-cpus or --ray-num-gpus > 0")
+    if args.ray_actors is not None and args.ray_actors < 1:
+        raise ConfigError(f"--ray-actors must be >= 1, got {args.ray_actors}")
+
+
+class BatchActor:
+    """One pipeline on one Ray actor: `__call__` answers a batch of JSON records with `Pipeline.map`."""
+
+    def __init__(self, config: PipelineConfig, map_kwargs: dict[str, Any]):
+        from hippo_media.inputs import load_tokenizer
+
+        self.pipe = PipelineBuilder.from_config(config).build()
+        self.tokenizer = load_tokenizer(config.target)
+        self.map_kwargs = map_kwargs
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
+        records = [json.loads(r) for r in batch["record"]]
+        results = self.pipe.map(records, tokenizer=self.tokenizer, **self.map_kwargs)
+        return {"result": [json.dumps(r.as_dict()) for r in results]}
+
+
+def actor_count(ray: Any, args: argparse.Namespace) -> int:
+    """--ray-actors, else as many actors as the cluster's CPUs (or GPUs) hold, at least one."""
+    if args.ray_actors is not None:
+        return args.ray_actors
+    total = ray.cluster_resources()
+    by = [total.get("CPU", 0) / args.ray_num_cpus] if args.ray_num_cpus else []
+    by += [total.get("GPU", 0) / args.ray_num_gpus] if args.ray_num_gpus else []
+    return max(1, int(min(by)))
+
+
+def run_on_ray(
+    args: argparse.Namespace,
+    config: PipelineConfig,
+    records: list[dict[str, Any]],
+    map_kwargs: dict[str, Any],
+) -> Iterator[dict[str, Any]]:
+    """The result entries of `records`, answered on Ray actors, as each actor's batch finishes."""
+    if not records:
+        return
+    ray = require_ray()
+    started = not ray.is_initialized()
+    if started:
+        address = None if args.ray == "local" else args.ray
+        level = logging.INFO if args.debug else logging.ERROR
+        ray.init(address=address, logging_level=level, log_to_driver=bool(args.debug))
+    try:
+        from ray.data import ActorPoolStrategy, DataContext
+
+        if not args.debug:  # Ray Data logs its plan and timings on the driver
+            logging.getLogger("ray.data").setLevel(logging.ERROR)
+        DataContext.get_current().enable_progress_bars = False  # hippo batch draws its own
+        ds = ray.data.from_items([{"record": json.dumps(r)} for r in records])
+        ds = ds.map_batches(
+            BatchActor,
+            fn_constructor_kwargs={"config": config, "map_kwargs": map_kwargs},
+            batch_size=map_kwargs["window"],
+            compute=ActorPoolStrategy(size=actor_count(ray, args)),
+            num_cpus=args.ray_num_cpus,
+            num_gpus=args.ray_num_gpus,
+        )
+        for row in ds.iter_rows():
+            yield json.loads(row["result"])
+    finally:
+        if started:
+            ray.shutdown()
