@@ -21,6 +21,7 @@ checkpoints: nothing is decoded).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -206,26 +207,27 @@ def cmd_batch(args: argparse.Namespace) -> int:
         **{k: getattr(args, k) for k in ("frames", "fps", "max_pixels") if getattr(args, k) is not None},
         **gen,
     )
-    run_ray = None
+    session: Any = contextlib.nullcontext()
     if args.ray is not None:
-        from hippo_cli.batch_ray import check_ray_options, run_on_ray
+        from hippo_cli.batch_ray import check_ray_options, ray_session, run_on_ray
 
         check_ray_options(args)
-        run_ray = run_on_ray
+        session = ray_session(args)
     needs_draft = lookup("schedulers", cfg.scheduler.name).needs_draft
     progress = not args.no_progress
     with quiet_transformers(args.debug, progress):
         ready = prepare(args, cfg, needs_draft)  # checkpoints and tokenizers, before any model loads
-        answers = Answers(args.output)
-        try:
-            work = read_work(args.input, answers.done)
-            if run_ray is not None:
-                results = run_ray(args, cfg, work.records, map_kwargs)
-            else:
-                results = _in_process(builder, ready["tokenizer"], work.records, map_kwargs)
-            counts = _write_all(answers, work, results, progress)
-        finally:
-            answers.close()
+        with session:  # connected to Ray (with --ray) before OUT is touched
+            answers = Answers(args.output)
+            try:
+                work = read_work(args.input, answers.done)
+                if args.ray is not None:
+                    results = run_on_ray(args, cfg, work.records, map_kwargs)
+                else:
+                    results = _in_process(builder, ready["tokenizer"], work.records, map_kwargs)
+                counts = _write_all(answers, work, results, progress)
+            finally:
+                answers.close()
     failed = counts["failed"]
     say(
         f"hippo batch: {counts['answered']} answered, {failed} failed, {work.skipped} already in OUT; "

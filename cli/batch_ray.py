@@ -6,21 +6,27 @@ answer is exactly what the in-process run gives. The driver (the `hippo batch` p
 writes OUT with the same resume rules; the rows in flight are the actors' current batches.
 
 Every node must import the same hippo (`pip install 'hippo[ray]'` there) and read the checkpoints and
-videos at the same paths (a shared file system). Ray is optional: without it `--ray` is a usage error
+videos at the same paths (a shared file system); relative paths are made absolute from the driver's
+current directory first. Ray is optional: without it `--ray` is a usage error
 naming the extra.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
+import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
+
 from hippo.builder import PipelineBuilder, PipelineConfig
-from hippo.errors import ConfigError
+from hippo.errors import ConfigError, HippoError
 
 EXTRA = "pip install 'hippo[ray]'"
 
@@ -71,38 +77,74 @@ def actor_count(ray: Any, args: argparse.Namespace) -> int:
     return max(1, int(min(by)))
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()  # Ray colours its messages
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def absolute(path: str | None) -> str | None:
+    """`path` from this directory, as a worker in another directory (or node) must open it."""
+    return None if path is None else os.path.abspath(os.path.expanduser(path))
+
+
+@contextlib.contextmanager
+def ray_session(args: argparse.Namespace) -> Iterator[Any]:
+    """Ray, connected for the job: a new local instance for a bare --ray (shut down afterwards), the
+    running cluster for --ray auto (RAY_ADDRESS, else the one `ray start` started on this machine),
+    or the cluster at --ray ADDRESS; one already connected in this process is used as it is. A failed
+    connection is a usage error; a Ray failure during the job is a HippoError saying that a re-run
+    resumes."""
+    ray = require_ray()
+    started = not ray.is_initialized()
+    if started:
+        address = args.ray  # "local" (a bare --ray): always a new instance, whatever runs already
+        level = logging.INFO if args.debug else logging.ERROR
+        try:
+            ray.init(address=address, logging_level=level, log_to_driver=bool(args.debug))
+        except Exception as exc:  # ConnectionError, RuntimeError, ValueError, AuthenticationError...
+            where = "a new local Ray instance" if address == "local" else f"the Ray cluster at {address!r}"
+            raise ConfigError(
+                f"cannot start or reach {where} ({_first_line(exc)}); check --ray ADDRESS, or start a "
+                "cluster with `ray start --head`"
+            ) from exc
+    try:
+        yield ray
+    except ray.exceptions.RayError as exc:
+        raise HippoError(
+            f"the Ray job failed ({_first_line(exc)}); the answers so far are in OUT: run the same command "
+            "again to resume"
+        ) from exc
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def run_on_ray(
     args: argparse.Namespace,
     config: PipelineConfig,
     records: list[dict[str, Any]],
     map_kwargs: dict[str, Any],
 ) -> Iterator[dict[str, Any]]:
-    """The result entries of `records`, answered on Ray actors, as each actor's batch finishes."""
+    """The result entries of `records`, answered on Ray actors (Ray connected by `ray_session`), as
+    each actor's batch finishes."""
     if not records:
         return
-    ray = require_ray()
-    started = not ray.is_initialized()
-    if started:
-        address = None if args.ray == "local" else args.ray
-        level = logging.INFO if args.debug else logging.ERROR
-        ray.init(address=address, logging_level=level, log_to_driver=bool(args.debug))
-    try:
-        from ray.data import ActorPoolStrategy, DataContext
+    import ray
+    from ray.data import ActorPoolStrategy, DataContext
 
-        if not args.debug:  # Ray Data logs its plan and timings on the driver
-            logging.getLogger("ray.data").setLevel(logging.ERROR)
-        DataContext.get_current().enable_progress_bars = False  # hippo batch draws its own
-        ds = ray.data.from_items([{"record": json.dumps(r)} for r in records])
-        ds = ds.map_batches(
-            BatchActor,
-            fn_constructor_kwargs={"config": config, "map_kwargs": map_kwargs},
-            batch_size=map_kwargs["window"],
-            compute=ActorPoolStrategy(size=actor_count(ray, args)),
-            num_cpus=args.ray_num_cpus,
-            num_gpus=args.ray_num_gpus,
-        )
-        for row in ds.iter_rows():
-            yield json.loads(row["result"])
-    finally:
-        if started:
-            ray.shutdown()
+    if not args.debug:  # Ray Data logs its plan and timings on the driver
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
+    DataContext.get_current().enable_progress_bars = False  # hippo batch draws its own
+    config = attrs.evolve(config, target=absolute(config.target), draft=absolute(config.draft))
+    records = [{**r, "video": absolute(r["video"])} for r in records]
+    ds = ray.data.from_items([{"record": json.dumps(r)} for r in records])
+    ds = ds.map_batches(
+        BatchActor,
+        fn_constructor_kwargs={"config": config, "map_kwargs": map_kwargs},
+        batch_size=map_kwargs["window"],
+        compute=ActorPoolStrategy(size=actor_count(ray, args)),
+        num_cpus=args.ray_num_cpus,
+        num_gpus=args.ray_num_gpus,
+    )
+    for row in ds.iter_rows():
+        yield json.loads(row["result"])

@@ -553,8 +553,9 @@ def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         nargs="?",
         const="local",
         metavar="ADDRESS",
-        help="run on Ray Data actors: a new local Ray instance (or the cluster RAY_ADDRESS names), or the "
-        "cluster at ADDRESS ('auto', 'ray://HOST:10001'); put it after IN and OUT or write --ray=ADDRESS",
+        help="run on Ray Data actors: alone, on a new local Ray instance; 'auto': the running cluster "
+        "(RAY_ADDRESS, else the one `ray start` started here); or the cluster at ADDRESS (HOST:6379, "
+        "ray://HOST:10001). Put it after IN and OUT, or write --ray=ADDRESS",
     )
     r.add_argument(
         "--ray-num-cpus", type=float, default=1.0, metavar="N", help="CPUs per actor (default: %(default)s)"

@@ -229,13 +229,15 @@ def test_ray_missing_is_a_usage_error_naming_the_extra(env, tmp_path, capsys, mo
 
 
 @pytest.mark.slow
-def test_ray_answers_equal_the_in_process_ones(env, answered, tmp_path, capsys):
+def test_ray_answers_equal_the_in_process_ones(env, answered, tmp_path, capsys, monkeypatch):
     ray = pytest.importorskip("ray")
     pytest.importorskip("ray.data")
-    inp, out = write_jsonl(tmp_path / "in.jsonl", records(env)), tmp_path / "out.jsonl"
+    monkeypatch.chdir(env["long"].parent)  # relative video paths: from the driver's directory
+    rows = [{**r, "video": Path(r["video"]).name} for r in records(env)]
+    inp, out = write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl"
     # a killed earlier run left one answer: the Ray run must resume from it too
     write_jsonl(out, [answered["a"]])
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init("local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         rc = main(batch(env, inp, out, "--ray", "--ray-actors", "1", "--window", "2", "--batch-size", "2"))
     finally:
