@@ -33,7 +33,7 @@ from typing import Any
 
 import attrs
 
-from hippo.batch import Record, check_id
+from hippo.batch import Record, check_batching, check_id
 from hippo.builder import PipelineBuilder
 from hippo.checkpoint import check_output
 from hippo.errors import ConfigError, HippoError, one_line
@@ -191,11 +191,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         raise ConfigError(f"IN {args.input!r} is not a file; pass a JSONL file with one record per line")
     if os.path.abspath(args.input) == os.path.abspath(args.output):
         raise ConfigError("IN and OUT are the same file; write the answers to another file")
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
-    window = 4 * args.batch_size if args.window is None else args.window
-    if window < args.batch_size:
-        raise ConfigError(f"--window must be >= --batch-size ({args.batch_size}), got {window}")
+    window = check_batching(args.batch_size, args.window, ("--batch-size", "--window"))
     cfg = pipeline_config(args)
     builder = PipelineBuilder.from_config(cfg)  # names and options are validated here
     gen = generation_kwargs(args)

@@ -203,6 +203,16 @@ class _Tokenizer:
         return self.value
 
 
+def check_batching(batch_size: Any, window: Any, names: tuple[str, str] = ("batch_size", "window")) -> int:
+    """The window (default 4 x `batch_size`) once both are valid; `names` are what the caller calls them."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"{names[0]} must be an integer >= 1, got {batch_size!r}")
+    window = 4 * batch_size if window is None else window
+    if isinstance(window, bool) or not isinstance(window, int) or window < batch_size:
+        raise ConfigError(f"{names[1]} must be an integer >= {names[0]} ({batch_size}), got {window!r}")
+    return window
+
+
 def map_records(
     pipe: Any,
     records: Iterable[Record | Mapping[str, Any]],
@@ -213,17 +223,27 @@ def map_records(
     options: Mapping[str, Any] | None = None,
     generation: Mapping[str, Any] | None = None,
 ) -> Iterator[Result]:
-    """`Pipeline.map`: one Result per record, in the order they are decoded (each carries its id)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    window = 4 * batch_size if window is None else window
-    if isinstance(window, bool) or not isinstance(window, int) or window < batch_size:
-        raise ConfigError(f"window must be an integer >= batch_size ({batch_size}), got {window!r}")
-    tok = _Tokenizer(pipe, tokenizer)
+    """`Pipeline.map`: one Result per record, in the order they are decoded (each carries its id).
+    Bad batching settings raise ConfigError here, before any record is read."""
+    window = check_batching(batch_size, window)
+    return _map(
+        pipe, records, _Tokenizer(pipe, tokenizer), batch_size, window, options or {}, generation or {}
+    )
+
+
+def _map(
+    pipe: Any,
+    records: Iterable[Record | Mapping[str, Any]],
+    tok: _Tokenizer,
+    batch_size: int,
+    window: int,
+    options: Mapping[str, Any],
+    generation: Mapping[str, Any],
+) -> Iterator[Result]:
     seen: set[RecordId] = set()
     ready: list[_Ready] = []
     for item in records:
-        got = _prepare(pipe, item, seen, tok, options or {}, generation or {})
+        got = _prepare(pipe, item, seen, tok, options, generation)
         if isinstance(got, Result):
             yield got
             continue

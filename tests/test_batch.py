@@ -148,4 +148,4 @@ def test_result_as_dict_is_json_ready(pair):
 def test_bad_batch_settings_raise_before_any_work(pair, kw):
     pipe = build_pipeline(*pair, scheduler="serial")
     with pytest.raises(ConfigError):
-        list(pipe.map([], **kw))
+        pipe.map([], **kw)  # at the call, not at the first result

@@ -191,8 +191,8 @@ def test_bad_records_get_the_cli_message_and_the_run_goes_on(env, tmp_path, caps
         ("missing_in", "IN '{tmp}/nope.jsonl' is not a file; pass a JSONL file with one record per line"),
         ("same_file", "IN and OUT are the same file; write the answers to another file"),
         ("bad_out", "OUT '{tmp}/out.jsonl' line 1 is not an answer hippo batch wrote"),
-        ("batch_size", "--batch-size must be >= 1, got 0"),
-        ("window", "--window must be >= --batch-size (4), got 2"),
+        ("batch_size", "--batch-size must be an integer >= 1, got 0"),
+        ("window", "--window must be an integer >= --batch-size (4), got 2"),
         ("out_dir", "OUT '{tmp}' is a directory; pass a file name in it"),
     ],
 )
