@@ -283,6 +283,7 @@ def _prepare(
                 opts.pop("frames", None), opts.pop("fps", None)
             opts.update(record.options)
             inputs = pipe.video_inputs(record.video, record.prompt, tokenizer=tok.get(required=True), **opts)
+        pipe._check_inputs(inputs)  # what generate would refuse, before the window is sorted by length
         return _Ready(record.id, inputs, gen)
     except HippoError as exc:
         return failed(rid, exc)

@@ -103,6 +103,7 @@ def test_bad_records_get_error_results_and_the_run_goes_on(pair, tmp_path):
         Record("gone", video=missing, prompt="describe"),
         Record("both", video=missing, prompt="x", inputs=p.inputs),
         "not a record",
+        Record("no_ids", inputs={"pixel_values_videos": None}),
     ]
     results = list(pipe.map(records, tokenizer=tiny_tokenizer(), max_new_tokens=4, do_sample=False))
     errors = [(r.id, r.error) for r in results if not r.ok]
@@ -128,6 +129,7 @@ def test_bad_records_get_error_results_and_the_run_goes_on(pair, tmp_path):
         ("gone", one_line(video_error.value)),
         ("both", "record 'both': give either video and prompt, or inputs"),
         (None, "a record must be a JSON object with id, video and prompt, got str"),
+        ("no_ids", "inputs must be the mapping a Hugging Face processor returns, with input_ids"),
     ]
     assert all("\n" not in e for _, e in errors)
 
