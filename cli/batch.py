@@ -213,12 +213,12 @@ def cmd_batch(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     with quiet_transformers(args.debug, progress):
         ready = prepare(args, cfg, needs_draft)  # checkpoints and tokenizers, before any model loads
-        with session:  # connected to Ray (with --ray) before OUT is touched
+        with session as actors:  # connected to Ray (with --ray) before OUT is touched
             answers = Answers(args.output)
             try:
                 work = read_work(args.input, answers.done)
                 if args.ray is not None:
-                    results = run_on_ray(args, cfg, work.records, map_kwargs)
+                    results = run_on_ray(args, cfg, work.records, map_kwargs, actors)
                 else:
                     results = _in_process(builder, ready["tokenizer"], work.records, map_kwargs)
                 counts = _write_all(answers, work, results, progress)

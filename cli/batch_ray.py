@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,13 +69,26 @@ class BatchActor:
 
 
 def actor_count(ray: Any, args: argparse.Namespace) -> int:
-    """--ray-actors, else as many actors as the cluster's CPUs (or GPUs) hold, at least one."""
-    if args.ray_actors is not None:
-        return args.ray_actors
+    """--ray-actors, else as many actors as the cluster's CPUs and GPUs hold.
+
+    A new local instance (a bare --ray) never grows, so too few resources for the actors asked for
+    is a usage error there (Ray would wait for them forever); a running cluster may be autoscaling,
+    so there it is only said, and Ray waits.
+    """
     total = ray.cluster_resources()
-    by = [total.get("CPU", 0) / args.ray_num_cpus] if args.ray_num_cpus else []
-    by += [total.get("GPU", 0) / args.ray_num_gpus] if args.ray_num_gpus else []
-    return max(1, int(min(by)))
+    per = {"CPU": args.ray_num_cpus, "GPU": args.ray_num_gpus}
+    room = min(int(total.get(k, 0) / v + 1e-9) for k, v in per.items() if v)
+    want = args.ray_actors or max(1, room)
+    if want > room:
+        have = f"{total.get('CPU', 0):g} CPUs and {total.get('GPU', 0):g} GPUs"
+        ask = f"{want} actor(s) of --ray-num-cpus {per['CPU']:g} --ray-num-gpus {per['GPU']:g}"
+        if args.ray == "local":
+            raise ConfigError(
+                f"the local Ray instance has {have}, too few for {ask}; ask for less, or join a "
+                "cluster with --ray ADDRESS"
+            )
+        print(f"hippo batch: the Ray cluster has {have} now, too few for {ask}; waiting", file=sys.stderr)
+    return want
 
 
 def _first_line(exc: BaseException) -> str:
@@ -88,7 +102,7 @@ def absolute(path: str | None) -> str | None:
 
 
 @contextlib.contextmanager
-def ray_session(args: argparse.Namespace) -> Iterator[Any]:
+def ray_session(args: argparse.Namespace) -> Iterator[int]:
     """Ray, connected for the job: a new local instance for a bare --ray (shut down afterwards), the
     running cluster for --ray auto (RAY_ADDRESS, else the one `ray start` started on this machine),
     or the cluster at --ray ADDRESS; one already connected in this process is used as it is. A failed
@@ -108,7 +122,7 @@ def ray_session(args: argparse.Namespace) -> Iterator[Any]:
                 "cluster with `ray start --head`"
             ) from exc
     try:
-        yield ray
+        yield actor_count(ray, args)  # before OUT is touched
     except ray.exceptions.RayError as exc:
         raise HippoError(
             f"the Ray job failed ({_first_line(exc)}); the answers so far are in OUT: run the same command "
@@ -124,9 +138,10 @@ def run_on_ray(
     config: PipelineConfig,
     records: list[dict[str, Any]],
     map_kwargs: dict[str, Any],
+    actors: int,
 ) -> Iterator[dict[str, Any]]:
-    """The result entries of `records`, answered on Ray actors (Ray connected by `ray_session`), as
-    each actor's batch finishes."""
+    """The result entries of `records`, answered on `actors` Ray actors (Ray connected by
+    `ray_session`), as each actor's batch finishes."""
     if not records:
         return
     import ray
@@ -142,7 +157,7 @@ def run_on_ray(
         BatchActor,
         fn_constructor_kwargs={"config": config, "map_kwargs": map_kwargs},
         batch_size=map_kwargs["window"],
-        compute=ActorPoolStrategy(size=actor_count(ray, args)),
+        compute=ActorPoolStrategy(size=actors),
         num_cpus=args.ray_num_cpus,
         num_gpus=args.ray_num_gpus,
     )

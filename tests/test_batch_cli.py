@@ -239,6 +239,13 @@ def test_ray_answers_equal_the_in_process_ones(env, answered, tmp_path, capsys, 
     write_jsonl(out, [answered["a"]])
     ray.init("local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
+        # a local instance never grows: asking for a GPU it lacks fails at once, not after a wait forever
+        assert main(batch(env, inp, out, "--ray", "--ray-num-gpus", "1")) == 2
+        err = capsys.readouterr().err
+        assert (
+            "the local Ray instance has 1 CPUs and 0 GPUs, too few for 1 actor(s) of --ray-num-cpus 1" in err
+        )
+        assert read_jsonl(out) == [answered["a"]]  # OUT untouched
         rc = main(batch(env, inp, out, "--ray", "--ray-actors", "1", "--window", "2", "--batch-size", "2"))
     finally:
         ray.shutdown()
