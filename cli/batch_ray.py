@@ -7,8 +7,7 @@ writes OUT with the same resume rules; the rows in flight are the actors' curren
 
 Every node must import the same hippo (`pip install 'hippo[ray]'` there) and read the checkpoints and
 videos at the same paths (a shared file system); relative paths are made absolute from the driver's
-current directory first. Ray is optional: without it `--ray` is a usage error
-naming the extra.
+current directory first. Ray is optional: without it `--ray` is a usage error naming the extra.
 """
 
 from __future__ import annotations
