@@ -1,4 +1,4 @@
-"""The `hippo` command: `generate`, `bias`, `bench`, `demo`, `plugins` and `check`.
+"""The `hippo` command: `generate`, `chat`, `batch`, `bias`, `bench`, `demo`, `plugins` and `check`.
 
 Every HippoError that reaches `main`, and every usage error, becomes one line, `hippo: error:
 <message>`, on stderr and exit status 2; `--debug` prints the traceback as well. `hippo demo` (and
@@ -21,7 +21,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import hippo  # noqa: E402
-from hippo.errors import HippoError  # noqa: E402
+from hippo.errors import HippoError, one_line  # noqa: E402
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
@@ -201,12 +201,16 @@ def _cmd_bias(args: argparse.Namespace) -> int:
     return cmd_bias(args)
 
 
-def _video_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:
+def _video_args(p: argparse.ArgumentParser, prompt: bool = True, video: bool = True) -> None:
     g = p.add_argument_group("video")
-    g.add_argument(
-        "--video", required=True, metavar="FILE", help="the video file (anything decord reads: mp4, mkv, ...)"
-    )
-    if prompt:
+    if video:
+        g.add_argument(
+            "--video",
+            required=True,
+            metavar="FILE",
+            help="the video file (anything decord reads: mp4, mkv, ...)",
+        )
+    if prompt and video:
         g.add_argument(
             "--prompt", required=True, metavar="TEXT", help="the question or instruction about the video"
         )
@@ -343,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
     _generate_parser(sub, debug)
     _chat_parser(sub, debug)
+    _batch_parser(sub, debug)
     _bias_parser(sub, debug)
     _external_commands(sub, debug)
     _check_parser(sub, debug)
@@ -369,9 +374,11 @@ def _fail(message: str) -> int:
     raise HippoError(message)
 
 
-def _pipeline_args(g: argparse.ArgumentParser, prompt: bool = True) -> argparse._ArgumentGroup:
-    """The options `generate` and `chat` share: models, video, speculative decoding, decoding; returns
-    the (empty) output group."""
+def _pipeline_args(
+    g: argparse.ArgumentParser, prompt: bool = True, video: bool = True
+) -> argparse._ArgumentGroup:
+    """The options `generate`, `chat` and `batch` share: models, video, speculative decoding, decoding;
+    returns the (empty) output group. `batch` reads the video and prompt from its records."""
     m = _model_args(g)
     m.add_argument(
         "--draft",
@@ -379,7 +386,7 @@ def _pipeline_args(g: argparse.ArgumentParser, prompt: bool = True) -> argparse.
         help="draft checkpoint directory: a smaller model with the target's tokenizer",
     )
     m.add_argument("--config", metavar="FILE", help="builder config file (JSON or TOML); flags override it")
-    _video_args(g, prompt)
+    _video_args(g, prompt, video)
     s = g.add_argument_group("speculative decoding")
     s.add_argument("--scheduler", metavar="NAME", help="hippo (default), pearl, serial, autoregressive, ...")
     s.add_argument(
@@ -494,6 +501,87 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return cmd_chat(args)
 
 
+def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
+    b = sub.add_parser(
+        "batch",
+        parents=[debug],
+        help="answer every record (id, video, prompt) of a JSONL file: resumable, one JSON line per answer",
+        description=(
+            "Answer each record of IN.jsonl, one JSON object per line: id (a string or an integer), video, "
+            "prompt, and optionally frames, fps, max_pixels, max_new_tokens, do_sample, temperature, top_p, "
+            "top_k, seed, which override the options below for that record. Each answer is exactly the "
+            "target's own (as `hippo generate` gives it) and is appended to OUT.jsonl as one line "
+            "{id, text, token_ids, prompt_tokens, stats} as soon as it is done (flushed and fsync'd). A "
+            "record that cannot be answered (bad JSON, a missing field, a duplicate id, a missing or corrupt "
+            "video, a prompt longer than the context) gets {id, line, error} with the message `hippo "
+            "generate` prints, and the run goes on. Records are read --window ahead, sorted by prompt "
+            "length (visual tokens included) and cut into batches of --batch-size similar lengths for a "
+            "batched engine; rows are decoded one after another today."
+        ),
+        epilog=(
+            "Resuming: run the same command again; ids answered in OUT are skipped, so a killed run loses "
+            "at most the rows in flight and answers none twice. Error lines are dropped from OUT and their "
+            "records tried again, as is a last line cut short by the kill. With --ray, the driver (this "
+            "process) still reads IN and writes OUT; every Ray node needs hippo installed and the "
+            "checkpoints and videos at the same paths. Exit status: 0 all answered, 1 some records failed "
+            "(see the summary line), 2 bad usage (missing IN, bad options or checkpoints; nothing decoded)."
+        ),
+    )
+    b.add_argument("input", metavar="IN.jsonl", help="the records, one JSON object per line")
+    b.add_argument("output", metavar="OUT.jsonl", help="the answers, appended; an existing OUT is resumed")
+    o = _pipeline_args(b, video=False)
+    o.add_argument("--no-progress", action="store_true", help="no progress bar (it only shows on a terminal)")
+    g = b.add_argument_group("batching")
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=4,
+        metavar="N",
+        help="records per batch of similar lengths (default: %(default)s; rows are decoded one after "
+        "another today)",
+    )
+    g.add_argument(
+        "--window",
+        type=int,
+        metavar="N",
+        help="records read ahead and sorted by length; their inputs are held in memory (default: 4 x "
+        "--batch-size); with --ray, the records each actor call takes",
+    )
+    r = b.add_argument_group("Ray (pip install 'hippo[ray]')")
+    r.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run on Ray Data actors: alone, on a new local Ray instance; 'auto': the running cluster "
+        "(RAY_ADDRESS, else the one `ray start` started here); or the cluster at ADDRESS (HOST:6379, "
+        "ray://HOST:10001). Put it after IN and OUT, or write --ray=ADDRESS",
+    )
+    r.add_argument(
+        "--ray-num-cpus", type=float, default=1.0, metavar="N", help="CPUs per actor (default: %(default)s)"
+    )
+    r.add_argument(
+        "--ray-num-gpus",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="GPUs per actor (default: %(default)s; with --device cuda each actor uses the GPU Ray gives it)",
+    )
+    r.add_argument(
+        "--ray-actors",
+        type=int,
+        metavar="N",
+        help="actors, one pipeline each (default: as many as the cluster's CPUs or GPUs hold)",
+    )
+    b.set_defaults(func=_cmd_batch)
+
+
+def _cmd_batch(args: argparse.Namespace) -> int:
+    from hippo_cli.batch import cmd_batch
+
+    return cmd_batch(args)
+
+
 def _bias_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     b = sub.add_parser(
         "bias",
@@ -538,8 +626,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HippoError as exc:
         if args.debug:
             traceback.print_exc()
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"hippo: error: {message}", file=sys.stderr)
+        print(f"hippo: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("hippo: interrupted", file=sys.stderr)

@@ -34,3 +34,8 @@ class UnsupportedError(HippoError, NotImplementedError):
 
 class MemoryBudgetError(HippoError, MemoryError):
     """A video context would not fit: its KV cache and features exceed the memory left or the budget."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The error's message on one line, as the CLI prints it after 'hippo: error: '."""
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from os import PathLike
 from typing import Any
 
 import torch
 from transformers import GenerationConfig
 
+from hippo.batch import Record, Result, map_records
 from hippo.context import Turn, VideoContext, build_context
 from hippo.conversation import Conversation, Question, as_ids, text_question_ids
 from hippo.errors import ConfigError, InputError
@@ -225,6 +226,41 @@ class Pipeline:
                 "hippo_media package, or build the inputs with your model's processor and call generate"
             )
         return inputs
+
+    def map(
+        self,
+        records: Iterable[Record | Mapping[str, Any]],
+        *,
+        tokenizer: Any = None,
+        batch_size: int = 4,
+        window: int | None = None,
+        frames: int | None = None,
+        fps: float | None = None,
+        max_pixels: int | None = None,
+        **generation_kwargs: Any,
+    ) -> Iterator[Result]:
+        """Answer many records, one `Result` per record, in the order they are decoded (each has its id).
+
+        A record is a `hippo.batch.Record` or a mapping like one line of `hippo batch`'s input:
+        `{"id", "video", "prompt"}` plus optional `frames`, `fps`, `max_pixels`, `max_new_tokens`,
+        `do_sample`, `temperature`, `top_p`, `top_k`, `seed`, which override the arguments given
+        here. `window` records (default 4 x `batch_size`) are read ahead, their inputs built and
+        sorted by prompt length (visual tokens included), and cut into batches of `batch_size`
+        similar lengths. Rows are decoded one after another today, each exactly as `generate`
+        decodes it alone. A record that cannot be answered yields a Result with `error`, the
+        one-line message of its HippoError, and the others go on. `tokenizer` (default: the target
+        checkpoint's) builds the inputs of video records and decodes `Result.text`.
+        """
+        options = {"frames": frames, "fps": fps, "max_pixels": max_pixels}
+        return map_records(
+            self,
+            records,
+            tokenizer=tokenizer,
+            batch_size=batch_size,
+            window=window,
+            options={k: v for k, v in options.items() if v is not None},
+            generation=generation_kwargs,
+        )
 
     # ---- video contexts: encode a video once, answer many questions ---------------------------------
     def prepare(
