@@ -305,6 +305,10 @@ def _stats(out: Any) -> dict:
         "notes": list(s.notes),
         "seconds_compile": s.seconds_compile,
         "seconds_total": s.seconds_total,
+        "seconds_target_decode": s.seconds_target_decode,
+        "seconds_draft_decode": s.seconds_draft_decode,
+        "drafted_per_round": list(s.drafted_per_round),
+        "accepted_per_round": list(s.accepted_per_round),
     }
 
 
@@ -378,6 +382,7 @@ class Row:
     scheduler: str = "autoregressive"
     options: dict = field(default_factory=dict)
     compiled: bool = False
+    compile_draft: bool = False  # compile the draft's session too
     baseline: bool = False  # the target alone: speedups are also given over the fastest of these
 
 
@@ -399,6 +404,13 @@ def timing_rows(args: argparse.Namespace, schedulers: set[str]) -> list[Row]:
                 options={"gamma": args.gamma},
                 compiled=True,
             ),
+            Row(
+                f"serial, γ={args.gamma}, compiled target and draft",
+                scheduler="serial",
+                options={"gamma": args.gamma},
+                compiled=True,
+                compile_draft=True,
+            ),
         ]
     return rows
 
@@ -419,7 +431,7 @@ def row_call(pair: Pair, row: Row, args: argparse.Namespace):
     _selector(b, args)
     b.scheduler(row.scheduler, **row.options)
     if row.compiled:
-        b.compile("target", mode=args.compile_mode)
+        b.compile("target", *(("draft",) if row.compile_draft else ()), mode=args.compile_mode)
     pipe = b.build()
 
     def run():
@@ -467,6 +479,9 @@ def time_row(pair: Pair, ref: Any, row: Row, args: argparse.Namespace) -> dict:
         "mat": stats.get("mat"),
         "acceptance_rate": stats.get("acceptance_rate"),
         "fallback": stats.get("fallback", False),
+        "stats": {k: stats.get(k) for k in ("seconds_target_decode", "seconds_draft_decode")},
+        "drafted_per_round": (stats.get("drafted_per_round") or [])[:24],
+        "accepted_per_round": (stats.get("accepted_per_round") or [])[:24],
     }
 
 
