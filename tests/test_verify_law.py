@@ -1,6 +1,7 @@
 """The verification rules, exactly, in float64.
 
-- law: for every position, P(accept x) q(x) + P(reject) residual(x) == p(x), in closed form;
+- law: for every position, P(accept x) q(x) + P(reject) residual(x) == p(x), in closed form (and the
+  planted rules of hippo.testing.planted break it);
 - `rejection_verify` implements that rule: replaying its randomness gives the same decision;
 - it consumes a fixed amount of randomness whatever it decides (seeded runs stay aligned);
 - `greedy_verify`: longest matching prefix, then the target's next argmax.
@@ -59,6 +60,19 @@ def test_accept_or_residual_reproduces_p(law):
         p_reject = float((q[i] * (1 - a)).sum())
         out = q[i] * a + p_reject * residual(p[i], q[i])  # [V] law of the token emitted here
         torch.testing.assert_close(out, p[i], rtol=0, atol=1e-12)
+
+
+def test_the_closed_form_fails_the_planted_rules():
+    """The identity above is not vacuous: the planted bugs of hippo.testing.planted break it (the
+    recovered token from p, acceptance min(1, q/p)), by far more than its tolerance."""
+    p, q = distributions(1, 6, 3, 0.0)[0], distributions(1, 6, 4, 0.0)[0]  # [V] each
+    a = acceptance(p, q)
+    reject = float((q * (1 - a)).sum())
+    from_p = q * a + reject * p  # the residual taken from p
+    upside_down = acceptance(q, p) * q  # accept with min(1, q/p) ...
+    upside_down = upside_down + float((q - upside_down).sum()) * residual(p, q)  # ... then the true residual
+    for wrong in (from_p, upside_down):
+        assert float((wrong - p).abs().sum()) / 2 > 0.01
 
 
 @settings(max_examples=examples(2))

@@ -318,7 +318,12 @@ def assert_sampling_exact(
 #: name -> settings: chain and tree, serial and parallel schedules, every adapter, top_p and the
 #: repetition penalty; each on a peaked law (its temperature) so that N stays small.
 LAW_CONFIGS: dict[str, dict[str, Any]] = {
-    "qwen2_5_vl pearl chain top_p": {"scheduler": "pearl", "temperature": 0.005, "top_k": None, "top_p": 0.9},
+    "qwen2_5_vl hippo chain top_p": {
+        "scheduler": "hippo",
+        "temperature": 0.0075,
+        "top_k": None,
+        "top_p": 0.99,
+    },
     "qwen3_vl serial chain top_k=3": {"adapter": "qwen3_vl", "temperature": 0.001, "top_k": 3},
     "llava_onevision hippo chain repetition_penalty": {
         "adapter": "llava_onevision",
