@@ -195,3 +195,35 @@ def test_greedy_is_longest_matching_prefix(data):
     expected = next((i for i in range(gamma) if draft[i] != target[i]), gamma)
     got = greedy_verify(torch.tensor(draft, dtype=torch.long), scores_for(target, V, seed=gamma))
     assert got == (expected, target[expected] if expected < rows else None)
+
+
+# ---- the law check's statistics (hippo.testing.power) ---------------------------------------------
+
+
+def test_the_power_bound_holds_in_simulation():
+    """Every law at TV ε from P that moves mass ε onto one set of cells in proportion to P (the hardest
+    direction for that set) is rejected at least as often as `worst_power` says, and an exact sampler's
+    counts are not rejected; multinomial counts simulated, 2000 each."""
+    from hippo.testing import power as pw
+
+    probs, n, alpha, eps = [0.9, 0.07, 0.03, 0.0], 600, 1e-3, 0.05
+    bound = pw.worst_power(probs, n, alpha, eps)
+    assert 0.3 < bound < 1.0
+    g = torch.Generator().manual_seed(0)
+
+    def rate(law: list[float]) -> float:
+        counts = torch.multinomial(torch.tensor(law), n * 2000, replacement=True, generator=g).view(2000, n)
+        hits = [
+            bool(pw.rejections(torch.bincount(c, minlength=len(law)).tolist(), probs, alpha)) for c in counts
+        ]
+        return sum(hits) / len(hits)
+
+    assert rate(probs[:3] + [1e-300]) == 0.0
+    for s in pw.sets(len(probs)):
+        a = sum(probs[i] for i in s)
+        for sign in (1, -1):
+            if not 0 < a < 1 or not 0 <= a + sign * eps <= 1:
+                continue
+            inside, outside = (a + sign * eps) / a, (1 - a - sign * eps) / (1 - a)
+            law = [p * (inside if i in s else outside) for i, p in enumerate(probs)]
+            assert rate(law) >= bound - 0.03, (s, sign)

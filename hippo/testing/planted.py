@@ -13,7 +13,8 @@ normal way, by a plugin object (`planted_plugin()`), so it runs inside a real pi
 | planted_off_by_one        | x_i is checked against p_{i+1} (the row after its own)                  |
 | planted_tree_unnormalised | tree verification: after a rejected child, the next sibling is tested against max(0, r - q_j) without renormalising it |
 
-Each is exact under greedy decoding or not, whichever its rule gives; the point is sampling.
+Under greedy decoding (one-hot laws) the residual, draft-temperature and tree bugs change nothing:
+only the law test can see them. The other three also break greedy decoding.
 Notation: p = target, q = draft, γ = draft length, r = the residual target at a tree node.
 """
 
