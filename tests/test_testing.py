@@ -202,7 +202,7 @@ def test_the_law_test_catches_the_planted_bug(name):
 @pytest.mark.parametrize("name", ALL_PLANTED)
 def test_hippo_check_catches_the_planted_bug(name, capsys):
     """Exit 1 on every planted bug; the ones exact under greedy pass the greedy stage and fail the law
-    (a tree verifier is checked with TREE_SETTINGS)."""
+    (a tree verifier first with TREE_SETTINGS, where siblings are tested)."""
     with planted_plugin():
         rc = main(["check", name, "--sampling", "--examples", "2", "--adapter", ADAPTER, "--no-shrink"])
     out = capsys.readouterr().out
@@ -221,6 +221,7 @@ def test_hippo_check_passes_the_honest_verifiers(name, capsys):
     print(out)
     assert rc == 0, out
     assert "sampling: exact law" in out and "power" in out
+    assert ("siblings tested" in out) == (name == "tree")
 
 
 # ---- installed for real: the lossy package and the third-party package with its own suite -------------

@@ -181,23 +181,29 @@ def spread(probs: Sequence[float]) -> float:
 
 
 def main() -> None:  # pragma: no cover - a report
-    from hippo.testing.sampling import DEFAULTS, LAW_CONFIGS, config_law
+    from hippo.testing.sampling import DEFAULTS, LAW_CONFIGS, TREE_SETTINGS, config_law
 
     print(
         f"false alarms: {SUITE_ALPHA:g} per suite run over {SUITE_CHECKS} checks = alpha {ALPHA:.0e} per "
         f"check (exact binomial tests, Bonferroni over sets of cells and {len(LOOKS)} looks)"
     )
     print(f"power: the worst case over every law at total variation {EPSILON} from the target's")
-    print(f"{'configuration':<40} {'K':>2} {'P(mode)':>7} {'spread':>6} {'N':>5} {'power':>6}")
+    print(f"{'configuration':<48} {'K':>2} {'P(mode)':>7} {'spread':>6} {'N':>5} {'power':>6}")
     configs = {f"default (hippo check --sampling, T={DEFAULTS['temperature']})": {}, **LAW_CONFIGS}
     for name, cfg in configs.items():
         law = config_law(cfg)
         probs = cell_probs(law, cells(law))
         n = runs_for(law)
         print(
-            f"{name:<40} {len(probs):>2} {max(probs):>7.3f} {spread(probs):>6.3f} {n:>5} "
+            f"{name:<48} {len(probs):>2} {max(probs):>7.3f} {spread(probs):>6.3f} {n:>5} "
             f"{power_of(law, n):>6.3f}"
         )
+    law, n = config_law(TREE_SETTINGS), TREE_SETTINGS["runs"]
+    probs = cell_probs(law, cells(law))
+    print(
+        f"{'hippo check, tree parts, siblings tested (targeted)':<48} {len(probs):>2} {max(probs):>7.3f} "
+        f"{spread(probs):>6.3f} {n:>5} {power_of(law, n):>6.3f}"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover
