@@ -170,7 +170,12 @@ def _check_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--examples", type=int, default=20, help="hypothesis examples (default: %(default)s)")
     c.add_argument("--seed", type=int, default=0, help="hypothesis seed (default: %(default)s)")
-    c.add_argument("--sampling", action="store_true", help="also run the sampling law test")
+    c.add_argument(
+        "--sampling",
+        action="store_true",
+        help="also run the sampling law test (about 2000 seeded runs: it detects any law at total variation "
+        "0.05 from the target's with probability >= 0.95)",
+    )
     c.add_argument(
         "--no-shrink",
         action="store_true",

@@ -42,7 +42,41 @@ def resolve_generation_config(
             raise UnsupportedError(f"generation option {field} is not supported by hippo; remove it")
     if gc.do_sample and gc.temperature is not None and gc.temperature <= 0:
         raise ConfigError(f"temperature must be > 0 when sampling, got {gc.temperature}")
+    refuse_unproven(gc)
     return gc
+
+
+#: Options whose effect hippo cannot reproduce step by step, so cannot prove lossless: what they do.
+UNPROVEN = {
+    "guidance_scale": "classifier-free guidance runs the model a second time on an unconditional prompt",
+    "max_time": "a wall-clock stop makes the output depend on the machine's speed",
+    "token_healing": "token healing rewrites the prompt's last tokens with the tokenizer",
+}
+
+
+def refuse_unproven(gc: GenerationConfig) -> None:
+    """ConfigError for a decoding mode other than greedy search or sampling (contrastive search,
+    DoLa, ...) and for the options in UNPROVEN: hippo decodes token by token with the target's own
+    logits processors, which is lossless for greedy search and sampling only."""
+    from transformers.generation.configuration_utils import GenerationMode
+
+    defaults = {"guidance_scale": (None, 1, 1.0), "max_time": (None,), "token_healing": (None, False)}
+    for field, why in UNPROVEN.items():
+        value = getattr(gc, field, None)
+        if value not in defaults[field]:
+            raise ConfigError(
+                f"generation option {field}={value!r} cannot be kept lossless ({why}); remove it"
+            )
+    try:
+        mode = gc.get_generation_mode()
+    except ValueError as exc:
+        raise ConfigError(f"bad generation settings: {exc}") from exc
+    if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
+        raise ConfigError(
+            f"these generation settings select {mode.value.replace('_', ' ')}, which hippo cannot keep "
+            "lossless: it decodes by greedy search or sampling (set do_sample, and leave penalty_alpha, "
+            "dola_layers and the beam options unset)"
+        )
 
 
 class TokenPolicy:

@@ -457,7 +457,11 @@ class TreeVerifier(Verifier):
     """
 
     def verify(self, proposal: DraftProposal, p_logits: torch.Tensor, policy: TokenPolicy) -> Verdict:
-        if isinstance(proposal, TreeProposal) and p_logits.shape[0] == proposal.n_nodes + 1:
+        if (
+            isinstance(proposal, TreeProposal)
+            and proposal.n_nodes
+            and p_logits.shape[0] == proposal.n_nodes + 1
+        ):
             return self.verify_tree(proposal, p_logits, policy)
         if not policy.do_sample:
             return Verdict(*greedy_verify(proposal.tokens, p_logits))

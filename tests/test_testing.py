@@ -2,8 +2,11 @@
 `hippo check`), passes correct ones, reports what a person needs, and fails cleanly on bad input.
 
 The lossy plugin is tests/fixtures/lossy (a scheduler that, in a rare state, emits a draft token
-without verifying it); it is registered at runtime here, and installed for real in one subprocess
-test, together with the third-party example package and its own test suite.
+without verifying it, and a rejection verifier that draws the recovered token from p); it is
+registered at runtime here, and installed for real in one subprocess test (where `hippo check
+--sampling` must exit 1 on the broken verifier and 0 on its fixed twin), together with the
+third-party example package and its own test suite. The six planted sampling bugs of
+`hippo.testing.planted` must each fail the law test and `hippo check NAME --sampling`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from hippo.testing import (
     replay_greedy,
 )
 from hippo.testing._deps import MissingTestingDependency, require_hypothesis
+from hippo.testing.planted import PLANTED, planted_build, planted_plugin
 from hippo_cli.main import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -170,37 +174,54 @@ def test_bad_adapter_is_a_config_error():
         check_plugin("nope")
 
 
-# ---- the law test: calibrated in both directions -----------------------------------------------------
+# ---- the law test: six planted sampling bugs, each caught; the honest verifiers pass -----------------
+
+ALL_PLANTED = sorted(PLANTED)
+#: Planted bugs that are exact under greedy decoding: `hippo check` passes their greedy stage and its
+#: law stage (`assert_sampling_exact`, the same call) must catch them.
+SAMPLING_ONLY = ("planted_draft_temperature", "planted_residual_from_p", "planted_tree_unnormalised")
 
 
-class _OffTemperature:
-    """A sampler whose temperature is off by `factor` (everything else is the honest pipeline)."""
-
-    def __init__(self, pipe, factor: float):
-        self.pipe, self.factor, self.draft_adapter = pipe, factor, pipe.draft_adapter
-
-    def generate(self, inputs, **gen):
-        return self.pipe.generate(inputs, **{**gen, "temperature": gen["temperature"] * self.factor})
-
-    def close(self):
-        self.pipe.close()
+def test_six_planted_bugs():
+    kinds = {kind for kind, _ in PLANTED.values()}
+    assert len(PLANTED) == 6 and kinds == {"verifiers", "drafters"} and set(SAMPLING_ONLY) < set(PLANTED)
 
 
-@pytest.mark.parametrize("factor", [1.0, 1.1])
-def test_law_test_passes_an_exact_sampler_and_fails_a_10_percent_temperature_error(factor):
-    """Defaults: runs until a 10% temperature error is detectable with 99% power (target alone,
-    the cheapest exact sampler; drafting pipelines are covered by tests/lossless/test_sampling.py)."""
+@pytest.mark.parametrize("name", [n for n in ALL_PLANTED if n not in SAMPLING_ONLY])
+def test_the_law_test_catches_the_planted_bug(name):
+    """A planted bug that greedy decoding also sees fails `assert_sampling_exact` by itself (the others
+    fail it inside `hippo check`, below, which runs the same call after its greedy stage)."""
+    with planted_plugin():
+        with pytest.raises(LosslessViolation) as info:
+            assert_sampling_exact(planted_build(name), adapter=ADAPTER)
+    report = info.value.report
+    print(report.format())
+    assert report.check == "sampling" and "assert_sampling_exact(" in report.reproduce
 
-    def build(case):
-        return _OffTemperature(case.builder("autoregressive").build(), factor)
 
-    if factor == 1.0:
-        res = assert_sampling_exact(build, adapter=ADAPTER)
-        assert abs(res.z) <= res.z_bound and res.detectable <= 0.1, res.summary()
-        return
-    with pytest.raises(LosslessViolation, match="hot" if factor > 1 else "cold") as info:
-        assert_sampling_exact(build, adapter=ADAPTER)
-    print(info.value.report.format())
+@pytest.mark.parametrize("name", ALL_PLANTED)
+def test_hippo_check_catches_the_planted_bug(name, capsys):
+    """Exit 1 on every planted bug; the ones exact under greedy pass the greedy stage and fail the law
+    (a tree verifier first with TREE_SETTINGS, where siblings are tested)."""
+    with planted_plugin():
+        rc = main(["check", name, "--sampling", "--examples", "2", "--adapter", ADAPTER, "--no-shrink"])
+    out = capsys.readouterr().out
+    print(out)
+    assert rc == 1, out
+    if name in SAMPLING_ONLY:
+        assert "greedy: lossless" in out and "sampling check FAILED" in out, out
+    else:
+        assert "check FAILED" in out
+
+
+@pytest.mark.parametrize("name", ["rejection", "tree"])
+def test_hippo_check_passes_the_honest_verifiers(name, capsys):
+    rc = main(["check", name, "--kind", "verifier", "--sampling", "--examples", "1", "--adapter", ADAPTER])
+    out = capsys.readouterr().out
+    print(out)
+    assert rc == 0, out
+    assert "sampling: exact law" in out and "power" in out
+    assert ("siblings tested" in out) == (name == "tree")
 
 
 # ---- installed for real: the lossy package and the third-party package with its own suite -------------
@@ -234,6 +255,18 @@ def test_installed_plugins_with_hippo_check_and_their_own_suite(tmp_path):
     )
     assert raising.returncode == 1, raising.stdout + raising.stderr
     assert "scheduler 'lossy_raising' from hippo-lossy-example 0.1.0 raised RuntimeError" in raising.stdout
+    # a verifier whose only bug is the residual (drawn from p): exact under greedy, caught in law
+    for name, status in (("lossy_residual_from_p", 1), ("fixed_rejection", 0)):
+        check = subprocess.run(
+            [*hippo_cli, "check", name, "--sampling", "--examples", "1", "--adapter", ADAPTER, "--no-shrink"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert check.returncode == status, check.stdout + check.stderr
+        assert f"verifier {name!r} from hippo-lossy-example 0.1.0" in check.stdout
+        assert ("sampling check FAILED" in check.stdout) == (status == 1), check.stdout
     # the third party's own suite, on the public API and the pytest plugin's --hippo-examples
     suite = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hippo-examples", "2", "tests"],

@@ -1,6 +1,7 @@
 """The verification rules, exactly, in float64.
 
-- law: for every position, P(accept x) q(x) + P(reject) residual(x) == p(x), in closed form;
+- law: for every position, P(accept x) q(x) + P(reject) residual(x) == p(x), in closed form (and the
+  planted rules of hippo.testing.planted break it);
 - `rejection_verify` implements that rule: replaying its randomness gives the same decision;
 - it consumes a fixed amount of randomness whatever it decides (seeded runs stay aligned);
 - `greedy_verify`: longest matching prefix, then the target's next argmax.
@@ -59,6 +60,19 @@ def test_accept_or_residual_reproduces_p(law):
         p_reject = float((q[i] * (1 - a)).sum())
         out = q[i] * a + p_reject * residual(p[i], q[i])  # [V] law of the token emitted here
         torch.testing.assert_close(out, p[i], rtol=0, atol=1e-12)
+
+
+def test_the_closed_form_fails_the_planted_rules():
+    """The identity above is not vacuous: the planted bugs of hippo.testing.planted break it (the
+    recovered token from p, acceptance min(1, q/p)), by far more than its tolerance."""
+    p, q = distributions(1, 6, 3, 0.0)[0], distributions(1, 6, 4, 0.0)[0]  # [V] each
+    a = acceptance(p, q)
+    reject = float((q * (1 - a)).sum())
+    from_p = q * a + reject * p  # the residual taken from p
+    upside_down = acceptance(q, p) * q  # accept with min(1, q/p) ...
+    upside_down = upside_down + float((q - upside_down).sum()) * residual(p, q)  # ... then the true residual
+    for wrong in (from_p, upside_down):
+        assert float((wrong - p).abs().sum()) / 2 > 0.01
 
 
 @settings(max_examples=examples(2))
@@ -181,3 +195,35 @@ def test_greedy_is_longest_matching_prefix(data):
     expected = next((i for i in range(gamma) if draft[i] != target[i]), gamma)
     got = greedy_verify(torch.tensor(draft, dtype=torch.long), scores_for(target, V, seed=gamma))
     assert got == (expected, target[expected] if expected < rows else None)
+
+
+# ---- the law check's statistics (hippo.testing.power) ---------------------------------------------
+
+
+def test_the_power_bound_holds_in_simulation():
+    """Every law at TV ε from P that moves mass ε onto one set of cells in proportion to P (the hardest
+    direction for that set) is rejected at least as often as `worst_power` says, and an exact sampler's
+    counts are not rejected; multinomial counts simulated, 2000 each."""
+    from hippo.testing import power as pw
+
+    probs, n, alpha, eps = [0.9, 0.07, 0.03, 0.0], 600, 1e-3, 0.05
+    bound = pw.worst_power(probs, n, alpha, eps)
+    assert 0.3 < bound < 1.0
+    g = torch.Generator().manual_seed(0)
+
+    def rate(law: list[float]) -> float:
+        counts = torch.multinomial(torch.tensor(law), n * 2000, replacement=True, generator=g).view(2000, n)
+        hits = [
+            bool(pw.rejections(torch.bincount(c, minlength=len(law)).tolist(), probs, alpha)) for c in counts
+        ]
+        return sum(hits) / len(hits)
+
+    assert rate(probs[:3] + [1e-300]) == 0.0
+    for s in pw.sets(len(probs)):
+        a = sum(probs[i] for i in s)
+        for sign in (1, -1):
+            if not 0 < a < 1 or not 0 <= a + sign * eps <= 1:
+                continue
+            inside, outside = (a + sign * eps) / a, (1 - a - sign * eps) / (1 - a)
+            law = [p * (inside if i in s else outside) for i, p in enumerate(probs)]
+            assert rate(law) >= bound - 0.03, (s, sign)

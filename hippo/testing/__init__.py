@@ -14,7 +14,9 @@ position, both tokens and a one-line reproduction. From the shell: `hippo check 
 
 Modules: `models` (registry discovery, tiny models, prompts), `strategies` (hypothesis strategies),
 `case` (`Case`), `drafters` (the corrupting drafter), `reference` (target.generate, exact laws),
-`report`, `greedy` and `sampling` (the checks), `plugin_check` (`hippo check`), `pytest_plugin`.
+`report`, `greedy` and `sampling` (the checks), `power` (the law check's statistics and power:
+`python -m hippo.testing.power`), `planted` (six planted sampling bugs the law check must catch),
+`plugin_check` (`hippo check`), `pytest_plugin`.
 
 Names are loaded lazily, so that the pytest plugin (registered for every pytest run once hippo is
 installed) costs nothing and does not need hypothesis until a check is used.
@@ -49,6 +51,10 @@ _PUBLIC = {
     # the corrupting drafter
     "CorruptingDrafter": "drafters",
     "corrupting_plugin": "drafters",
+    # planted sampling bugs
+    "PLANTED": "planted",
+    "planted_plugin": "planted",
+    "planted_build": "planted",
     # hippo check
     "check_plugin": "plugin_check",
     "plugin_build": "plugin_check",

@@ -4,6 +4,9 @@
 with its report) and raises a HippoError for bad usage (exit 2): an unknown name, a name registered
 under several kinds without `kind`, a part that cannot be built with its defaults (the message names
 the missing options), a plugin whose registration hook raises (the message names its distribution).
+With `sampling`, the law test (`assert_sampling_exact`) runs on its default case; a verifier of token
+trees (one with `verify_tree`) is given the tree drafter, and tree parts are first checked with
+TREE_SETTINGS, where siblings are tested.
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ def find_kind(name: str, kind: str | None = None) -> tuple[str, str]:
     return next(iter(found.items()))
 
 
+def is_tree_verifier(cls: type) -> bool:
+    """A verifier of token trees (it has `verify_tree`, like the tree plugin's)."""
+    return callable(getattr(cls, "verify_tree", None))
+
+
 def _first(kind: str, want: Any, prefer: tuple[str, ...]) -> str | None:
     names = [n for n, (cls, _) in sorted(registry(kind).items()) if want(cls)]
     return next((n for n in prefer if n in names), names[0] if names else None)
@@ -85,6 +93,8 @@ class plugin_build:  # noqa: N801 - used like a function in reproduction lines
         if k == "drafters":
             return case.builder(drafter=n)
         if k == "verifiers":
+            if is_tree_verifier(part_class(k, n)):  # it verifies token trees: give it trees
+                return case.builder(drafter=_first("drafters", lambda c: True, ("tree",)), verifier=n)
             return case.builder(verifier=n)
         if k == "executors":
             scheduler = _first("schedulers", lambda c: "executor" in config_fields(c), ("hippo", "pearl"))
@@ -139,7 +149,7 @@ def check_plugin(
     from hippo.testing.greedy import assert_greedy_lossless
     from hippo.testing.models import tiny_adapters
     from hippo.testing.report import LosslessViolation, VacuousCheck
-    from hippo.testing.sampling import assert_sampling_exact, default_adapter
+    from hippo.testing.sampling import TREE_SETTINGS, assert_sampling_exact, default_adapter
 
     if examples < 1:
         raise ConfigError(f"--examples must be >= 1, got {examples}")
@@ -170,7 +180,14 @@ def check_plugin(
         greedy = assert_greedy_lossless(build, adapters=adapters, examples=examples, seed=seed, shrink=shrink)
         res.lines.append(f"greedy: lossless on {greedy.summary()}")
         if sampling:
-            law = assert_sampling_exact(build, adapter=(adapters or [default_adapter()])[0], seed=seed)
+            tree = (kind == "verifiers" and is_tree_verifier(part_class(kind, name))) or (
+                kind == "drafters" and name == "tree"
+            )
+            adapter = (adapters or [default_adapter()])[0]
+            if tree:  # the sibling rule first: the targeted check catches its bugs in a few hundred runs
+                law = assert_sampling_exact(build, adapter=adapter, seed=seed, **TREE_SETTINGS)
+                res.lines.append(f"sampling, token trees with siblings tested: exact law, {law.summary()}")
+            law = assert_sampling_exact(build, adapter=adapter, seed=seed)
             res.lines.append(f"sampling: exact law, {law.summary()}")
     except LosslessViolation as exc:
         res.status = 1

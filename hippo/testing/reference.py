@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 import hippo
+from hippo.errors import ConfigError
 from hippo.testing.models import eos_ids, options_for
 from hippo.types import GenerateOutput
 
@@ -130,11 +131,25 @@ def next_logits(model: Any, inputs: dict, tokens: list[int]) -> torch.Tensor:  #
     return path_logits(model, inputs, tokens)[len(tokens)]
 
 
-def warpers(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> Any:
-    """The logits processors `generate` builds for these sampling settings, in its order."""
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+def warpers(
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    repetition_penalty: float | None = None,
+) -> Any:
+    """The logits processors `generate` builds for these sampling settings, in its order (the
+    repetition penalty first, then the warpers)."""
+    from transformers import (
+        LogitsProcessorList,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     out = LogitsProcessorList()
+    if repetition_penalty is not None and repetition_penalty != 1.0:
+        out.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
     if temperature != 1.0:
         out.append(TemperatureLogitsWarper(temperature))
     if top_k:
@@ -150,11 +165,13 @@ def exact_law(
     n_tokens: int,
     processors: Any,  # transformers LogitsProcessorList: the warpers `generate` applies
     eos: set[int],
+    limit: int | None = None,
 ) -> dict[tuple[int, ...], float]:
     """P(first generated tokens = t) for every t with positive probability, by enumeration.
 
     A sequence ends after n_tokens or at its first EOS. Each step is the target's own forward pass,
-    processed and softmaxed exactly as sampling in `generate` does.
+    processed and softmaxed exactly as sampling in `generate` does. With `limit`, raises ConfigError
+    as soon as more than `limit` sequences have positive probability (truncate with top_k/top_p).
     """
     ids = inputs["input_ids"]
     law: dict[tuple[int, ...], float] = {}
@@ -162,6 +179,11 @@ def exact_law(
     def walk(tokens: list[int], prob: float) -> None:
         if len(tokens) == n_tokens or (tokens and tokens[-1] in eos):
             law[tuple(tokens)] = prob
+            if limit is not None and len(law) > limit:
+                raise ConfigError(
+                    f"the target's law of {n_tokens} tokens has more than {limit} outcomes: too many to "
+                    "enumerate; sample with a smaller top_k or top_p, or fewer new tokens"
+                )
             return
         seq = torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], dim=1)  # [1, L + k]
         scores = processors(seq, next_logits(model, inputs, tokens)[None].double())  # [1, V]

@@ -1,0 +1,210 @@
+"""The law test's statistics and their power: exact binomial tests on the first tokens' joint law.
+
+`assert_sampling_exact` runs a pipeline N times and compares the law of its first m generated tokens
+with the target's exact law P (enumerated from the target's own forward passes). The outcomes are
+grouped into K cells (`cells`: each sequence with P >= `CELL_MIN` alone, the rest in one cell, at
+most `MAX_CELLS`, and a cell of P = 0 for the sequences the target cannot emit). Then, for every set of cells A (up to complement: 2^(K-1) - 1 sets), the number
+of runs in A, O(A) ~ Binomial(N, P(A)) for an exact sampler, gets an exact two-sided binomial test
+at level α / (sets × looks). The check fails when any of them rejects.
+
+Level: exact (binomial tails, Bonferroni over the sets and looks), whatever the counts: no χ²
+approximation, which is far off in the tails of a peaked law's rare cells.
+
+Power against *any* sampler whose law Q of the cells is at total variation ε from P: the set
+A* = {cells where Q > P} has Q(A*) = P(A*) + ε, so the test on A* sees a shift of ε. Hence the
+check detects every such sampler with probability at least
+    min over sets A of P_{O ~ Binomial(N, P(A) ± ε)}(the test on A rejects),
+computed exactly (`worst_power`). A shift on a set with P(A) near 1/2 is the hardest to see; a
+peaked law (one sequence holding most of P) has no such set, which is why the law tests sample
+low-temperature, top-k heads and why N depends on the law (`runs_for`).
+
+Sequential looks: a check tests after N/4, N/2 and N runs (each look at α / 3 of its level) and
+stops at the first that rejects; a broken pipeline is usually caught at the first look, an exact
+one runs all N. The power above is that of the last look alone (a lower bound).
+
+The suite's false-alarm rate per CI run is at most the sum of its law checks' levels: `SUITE_ALPHA`
+split over `SUITE_CHECKS` checks of exact pipelines (Bonferroni), `ALPHA` each.
+
+Run `python -m hippo.testing.power` for the numbers of the suite's configurations (it builds the
+tiny models and enumerates each law: about a minute).
+Notation: N = runs, K = cells, ε = total-variation error, α = a check's false-alarm rate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+
+#: False-alarm rate of the whole suite per CI run, split evenly (Bonferroni) over its law checks.
+SUITE_ALPHA = 1e-3
+#: Law checks of exact pipelines in one suite run, counted with room to spare: the configurations of
+#: tests/lossless/test_sampling.py, the honest checks of tests/test_testing.py (`hippo check
+#: --sampling` on the rejection and tree verifiers, the temperature calibration) and the other
+#: suites' calls of `assert_sampling_exact`.
+SUITE_CHECKS = 25
+ALPHA = SUITE_ALPHA / SUITE_CHECKS  # 4e-5 per check
+EPSILON = 0.05  # the total-variation error every check must detect ...
+POWER = 0.95  # ... with at least this probability
+CELL_MIN = 0.002  # sequences less likely than this share one cell
+MAX_CELLS = 8
+LOOKS = (0.25, 0.5, 1.0)  # fractions of N at which a check tests
+
+
+# ---- binomial tails, exact in float64 ---------------------------------------------------------
+
+
+def binomial_pmf(n: int, p: float) -> torch.Tensor:  # -> [n + 1]
+    k = torch.arange(n + 1, dtype=torch.float64)
+    if p <= 0.0 or p >= 1.0:
+        out = torch.zeros(n + 1, dtype=torch.float64)
+        out[0 if p <= 0.0 else n] = 1.0
+        return out
+    logc = math.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
+    return torch.exp(logc + k * math.log(p) + (n - k) * math.log1p(-p))
+
+
+@lru_cache(maxsize=4096)
+def thresholds(n: int, p: float, alpha: float) -> tuple[int, int]:
+    """(lo, hi): the two-sided exact test at level alpha (alpha/2 each tail) rejects O <= lo or O >= hi."""
+    pmf = binomial_pmf(n, p)
+    lower = torch.cumsum(pmf, 0)  # P(O <= k)
+    upper = torch.flip(torch.cumsum(torch.flip(pmf, [0]), 0), [0])  # P(O >= k)
+    below = (lower <= alpha / 2).nonzero().flatten()
+    above = (upper <= alpha / 2).nonzero().flatten()
+    lo = int(below.max()) if below.numel() else -1
+    hi = int(above.min()) if above.numel() else n + 1
+    return lo, hi
+
+
+def reject_probability(n: int, p_null: float, p_true: float, alpha: float) -> float:
+    lo, hi = thresholds(n, p_null, alpha)
+    pmf = binomial_pmf(n, p_true)
+    return float(pmf[: lo + 1].sum() + pmf[hi:].sum())
+
+
+# ---- cells, sets, the test ------------------------------------------------------------------------
+
+
+def cells(law: dict[tuple[int, ...], float]) -> list[list[tuple[int, ...]]]:
+    """The outcomes, grouped: the likeliest alone while P >= CELL_MIN (at most MAX_CELLS - 2 of them),
+    the rest in one cell, and last an empty cell standing for every sequence P gives 0 (a run there
+    fails the check at once; as a cell it enters the power bound: mass moved onto impossible
+    sequences). Deterministic in the law."""
+    order = sorted(law, key=lambda k: (-law[k], k))
+    single = [[k] for k in order[: MAX_CELLS - 2] if law[k] >= CELL_MIN]
+    rest = order[len(single) :]
+    return single + ([rest] if rest else []) + [[]]
+
+
+def cell_probs(law: dict[tuple[int, ...], float], groups: list[list[tuple[int, ...]]]) -> list[float]:
+    return [sum(law[k] for k in g) for g in groups]
+
+
+def sets(k: int) -> list[tuple[int, ...]]:
+    """Every set of cells up to complement: the nonempty subsets of the first k - 1 cells."""
+    out = []
+    for mask in itertools.product((0, 1), repeat=max(k - 1, 0)):
+        if any(mask):
+            out.append(tuple(i for i, m in enumerate(mask) if m))
+    return out
+
+
+def set_level(k: int, alpha: float) -> float:
+    """The level of one set's test at one look."""
+    return alpha / (max(len(sets(k)), 1) * len(LOOKS))
+
+
+def look_sizes(n: int) -> list[int]:
+    return sorted({max(1, round(f * n)) for f in LOOKS})
+
+
+def rejections(counts: Sequence[int], probs: Sequence[float], alpha: float) -> list[str]:
+    """The sets whose binomial test rejects, described (empty: the counts fit P)."""
+    n, k = sum(counts), len(probs)
+    level = set_level(k, alpha)
+    out = []
+    for s in sets(k):
+        a = sum(probs[i] for i in s)
+        o = sum(counts[i] for i in s)
+        lo, hi = thresholds(n, min(round(a, 15), 1.0), level)
+        if o <= lo or o >= hi:
+            out.append(f"cells {list(s)}: {o} of {n} runs, expected {n * a:.1f} (accept {lo + 1}..{hi - 1})")
+    return out
+
+
+def worst_power(probs: Sequence[float], n: int, alpha: float, epsilon: float = EPSILON) -> float:
+    """Smallest probability that the n-run test rejects a law of the cells at TV epsilon from probs."""
+    k = len(probs)
+    level = set_level(k, alpha)
+    worst = 1.0
+    for s in sets(k):
+        a = sum(probs[i] for i in s)
+        for shifted in (a + epsilon, a - epsilon):
+            if 0.0 <= shifted <= 1.0:
+                worst = min(worst, reject_probability(n, min(round(a, 15), 1.0), shifted, level))
+    return worst
+
+
+def power_of(
+    law: dict[tuple[int, ...], float], n: int, alpha: float = ALPHA, epsilon: float = EPSILON
+) -> float:
+    return worst_power(cell_probs(law, cells(law)), n, alpha, epsilon)
+
+
+def runs_for(
+    law: dict[tuple[int, ...], float],
+    alpha: float = ALPHA,
+    power: float = POWER,
+    epsilon: float = EPSILON,
+    most: int = 4000,
+) -> int:
+    """The fewest runs (a multiple of 20) whose worst-case power reaches `power`, or `most`."""
+    lo, hi = 20, most
+    if power_of(law, hi, alpha, epsilon) < power:
+        return most
+    while hi - lo > 20:
+        mid = (lo + hi) // 40 * 20
+        lo, hi = (mid, hi) if power_of(law, mid, alpha, epsilon) < power else (lo, mid)
+    return hi
+
+
+def spread(probs: Sequence[float]) -> float:
+    """max over sets A of P(A) (1 - P(A)): how balanced the law's hardest set is."""
+    return max(((a := sum(probs[i] for i in s)) * (1 - a) for s in sets(len(probs))), default=0.0)
+
+
+# ---- the suite's numbers ------------------------------------------------------------------------
+
+
+def main() -> None:  # pragma: no cover - a report
+    from hippo.testing.sampling import DEFAULTS, LAW_CONFIGS, TREE_SETTINGS, config_law
+
+    print(
+        f"false alarms: {SUITE_ALPHA:g} per suite run over {SUITE_CHECKS} checks = alpha {ALPHA:.0e} per "
+        f"check (exact binomial tests, Bonferroni over sets of cells and {len(LOOKS)} looks)"
+    )
+    print(f"power: the worst case over every law at total variation {EPSILON} from the target's")
+    print(f"{'configuration':<48} {'K':>2} {'P(mode)':>7} {'spread':>6} {'N':>5} {'power':>6}")
+    configs = {f"default (hippo check --sampling, T={DEFAULTS['temperature']})": {}, **LAW_CONFIGS}
+    for name, cfg in configs.items():
+        law = config_law(cfg)
+        probs = cell_probs(law, cells(law))
+        n = runs_for(law)
+        print(
+            f"{name:<48} {len(probs):>2} {max(probs):>7.3f} {spread(probs):>6.3f} {n:>5} "
+            f"{power_of(law, n):>6.3f}"
+        )
+    law, n = config_law(TREE_SETTINGS), TREE_SETTINGS["runs"]
+    probs = cell_probs(law, cells(law))
+    print(
+        f"{'hippo check, tree parts, siblings tested (targeted)':<48} {len(probs):>2} {max(probs):>7.3f} "
+        f"{spread(probs):>6.3f} {n:>5} {power_of(law, n):>6.3f}"
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
