@@ -127,6 +127,7 @@ def test_a_prompt_without_video_is_refused():
         pipe.prepare({"input_ids": torch.tensor([[5, 6, 7]])})
 
 
+@pytest.mark.xdist_group("processes")
 def test_draft_process_keeps_the_video_encoding(monkeypatch):
     """The process executor's draft gets each question as a `DraftPrefix` of its context (so it
     encodes the video once and keeps it in its own store); every answer is target.generate's."""

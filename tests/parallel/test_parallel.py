@@ -27,6 +27,9 @@ from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
 from hippo_plugins.drafters import ChainDrafter
 from hippo_plugins.executors import InlineExecutor
 
+# draft processes, threads whose overlap is measured, timeouts: one worker, one test at a time
+pytestmark = pytest.mark.xdist_group("processes")
+
 _MODELS: dict = {}
 
 
@@ -76,15 +79,13 @@ def test_greedy_lossless_under_any_interleaving():
         build,
         adapters="qwen2_5_vl",
         examples=examples(1.0),
-        corrupt=False,
         executors=("simulated",),
         draws={
             "scheduler": st.sampled_from(["pearl", "hippo"]),
             "prune": st.sampled_from(["late", "early", "two_phase"]),
             "auto_gamma": st.booleans(),
-            "keep ratio": st.sampled_from([0.1, 0.4, 1.0]),
+            "keep ratio": st.sampled_from([1.0, 0.4, 0.1]),
         },
-        require_partial=False,
         on_output=check,
     )
 
