@@ -25,6 +25,7 @@ from hippo.testing import LosslessViolation, assert_greedy_lossless, replay_gree
 from hippo.testing import models as hm
 from hippo.testing import strategies as hs
 from hippo.testing.greedy import regression_cases
+from hippo.testing.reference import path_logits
 from hippo.testing.strategies import examples
 from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
 from hippo_plugins.drafters import ChainDrafter
@@ -147,12 +148,21 @@ def test_sync_prefill_buffers_while_the_target_prefills():
 
 @pytest.mark.parametrize("scheduler", ["pearl", "hippo"])
 def test_sampling_is_seeded_and_stays_in_support(scheduler):
+    """A seeded run repeats; every sampled token is in the target's top-5 after the tokens before
+    it (p's own logits along the path, from transformers' generate: the support of its law)."""
     target, _ = models()
     inputs = make_inputs(2, 56, 56, 1)
-    pipe = build(scheduler, False, executor="simulated")
+    L = inputs["input_ids"].shape[1]
+    pipe = build(scheduler, True, executor="simulated")  # the target drafts from a pruned video
     a = pipe.generate(inputs, max_new_tokens=12, do_sample=True, top_k=5, seed=7)
     b = pipe.generate(inputs, max_new_tokens=12, do_sample=True, top_k=5, seed=7)
     assert torch.equal(a.sequences, b.sequences)
+    tokens = a.sequences[0, L:].tolist()
+    rows = path_logits(target, inputs, tokens)  # [new + 1, V]: p's logits before each token
+    support = rows[: len(tokens)].topk(5, dim=-1).indices  # [new, 5]
+    outside = [(i, t) for i, t in enumerate(tokens) if t not in support[i].tolist()]
+    assert not outside, f"sampled outside the target's top-5 at (position, token) {outside}"
+    assert sum(a.stats.accepted_per_round) > 0  # drafted tokens were accepted, not only resampled
 
 
 # ---- the process executor -----------------------------------------------------------------------
