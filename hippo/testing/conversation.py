@@ -159,7 +159,7 @@ def assert_conversation_lossless(
     extra = fixed_extra(draws)
     if self_draft is not False and extra is not None:
         extra = {"questions": [[1, 2, 3]], "independent": False, **extra}
-        for case in reversed(regression_cases(_adapters(adapters)[0], executors[0])[:2]):
+        for case in reversed(regression_cases(_adapters(adapters)[0], executors[0])):
             lossless = example(case=attrs.evolve(case, extra=extra))(lossless)
     if seed is not None:
         lossless = hypothesis_seed(seed)(lossless)
