@@ -57,7 +57,7 @@ def test_questions_with_a_draft_process_equal_target_generate():
         executors=("process",),
         draws={"scheduler": st.sampled_from(["hippo", "pearl"])},
     )
-    assert ran >= 3
+    assert ran >= 2  # the fixed example and at least one drawn
 
 
 TEMPERATURE, TOP_K, NEW = 1.5, 2, 4
