@@ -2,10 +2,17 @@
 
 Hypothesis profiles, chosen with the environment variable HYPOTHESIS_PROFILE:
 - `dev` (default): a handful of examples per test, for quick local runs;
-- `ci`: enough examples that tests/lossless runs several hundred in total; derandomized, so a CI
-  failure reproduces with the same command.
+- `ci`: enough examples that tests/lossless runs several hundred in total. Not derandomized: each
+  run explores new examples; a failure prints its `@reproduce_failure` blob and the harness's
+  one-line reproduction (hippo.testing.report). The cases that failed before run every time as
+  fixed examples (`hippo.testing.greedy.regression_cases`, and `@example`s on the tests).
+- `repeat`: the `ci` profile derandomized, to re-run exactly the examples of a previous run.
 
     HYPOTHESIS_PROFILE=ci python -m pytest tests/lossless tests/test_verify_law.py -q
+
+pytest-xdist runs the suite on every core (`-n auto --dist loadgroup` in pyproject.toml's addopts;
+`-n 0` for one process); tests that start draft processes or time overlapped work carry
+`pytest.mark.xdist_group("processes")` and run one after the other on one worker.
 
 The lossless harness is hippo.testing (installed with hippo); its pytest plugin adds
 `--hippo-examples N`, which the checks use when given. Tests marked `gpu` are skipped when CUDA is not available.
@@ -38,11 +45,11 @@ settings.register_profile(
     "ci",
     max_examples=30,
     deadline=None,
-    derandomize=True,
     database=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
+settings.register_profile("repeat", settings.get_profile("ci"), derandomize=True)
 settings.load_profile(os.environ.get(PROFILE_ENV, "dev"))
 
 # The tiny models are far too small for intra-op threads to pay off; on a shared 2-core machine

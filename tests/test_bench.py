@@ -1,13 +1,49 @@
-"""`hippo bench --quick` on the smallest setting writes a well-formed table and JSON."""
+"""`hippo bench --quick` on the smallest setting writes a well-formed table and JSON.
+
+The bench's own `identical` column is not the oracle: every hippo output it times is recorded and
+compared here with transformers' `generate` on the target.
+"""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+
+from hippo_benchmarks import bench
 from hippo_cli.main import main
 
 
-def test_bench_quick_smallest_setting(tmp_path):
+@pytest.fixture
+def hippo_outputs(monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(sequences a bench row's pipeline returned, target.generate's on the same inputs), per call."""
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    real = bench._hippo_call
+
+    def recorded(pipe, inputs, gen):
+        call = real(pipe, inputs, gen)
+        with torch.inference_mode():
+            ref = pipe.target.generate(**inputs, **{**gen, "do_sample": False})
+
+        def run():
+            seq, stats = call()
+            seen.append((seq.cpu(), ref.cpu()))
+            return seq, stats
+
+        return run
+
+    monkeypatch.setattr(bench, "_hippo_call", recorded)
+    return seen
+
+
+def assert_all_generate(seen: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    assert seen, "no hippo pipeline ran"
+    bad = [i for i, (seq, ref) in enumerate(seen) if not torch.equal(seq, ref)]
+    assert not bad, f"{len(bad)} of {len(seen)} hippo runs differ from target.generate"
+
+
+def test_bench_quick_smallest_setting(tmp_path, hippo_outputs):
     out = tmp_path / "bench"
     code = main(
         [
@@ -31,6 +67,7 @@ def test_bench_quick_smallest_setting(tmp_path):
         ]
     )
     assert code == 0  # every method's output equals HF generate's
+    assert_all_generate(hippo_outputs)
     assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"  # the HIPPO row's run, drawn
     summary = json.loads((out / "results.json").read_text())
     names = [r["name"] for r in summary["rows"]]
@@ -72,10 +109,8 @@ def test_bench_quick_smallest_setting(tmp_path):
     assert 0 <= summary["position_bias"]["attention_boundary_share"] <= 1
 
 
-def test_bench_fixed_length_runs_suppress_eos_until_min_new_tokens():
+def test_bench_fixed_length_runs_suppress_eos_until_min_new_tokens(hippo_outputs):
     """`--min-new-tokens` makes every method run the same number of tokens, still lossless."""
-    from hippo_benchmarks import bench
-
     w = bench.tiny_workload(1, seed=3)
     inputs = w.inputs[0]
     first = w.target.generate(**inputs, max_new_tokens=1, do_sample=False)[0, -1]
@@ -95,6 +130,7 @@ def test_bench_fixed_length_runs_suppress_eos_until_min_new_tokens():
     for name, videos in summary["per_video"].items():
         assert [v["new_tokens"] for v in videos] == [7], name
         assert all(v["identical"] for v in videos), name
+    assert_all_generate(hippo_outputs)
 
 
 def _fake_results(seconds: float, scheduler: str, mat: float | None = None) -> dict:

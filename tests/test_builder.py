@@ -314,6 +314,7 @@ def test_checkpoint_path_that_does_not_exist(tmp_path: Path) -> None:
         PipelineBuilder().target(tmp_path / "nowhere").scheduler("autoregressive").build()
 
 
+@pytest.mark.xdist_group("processes")
 def test_draft_vocabulary_padded_differently_is_accepted():
     """Real pairs differ only by embedding padding (Qwen2.5-VL 3B: 151936 rows, 7B: 152064)."""
     from transformers import Qwen2_5_VLForConditionalGeneration

@@ -1,4 +1,4 @@
-"""`hippo chat`: one prepared video, many questions, each answer what `hippo generate` gives.
+"""`hippo chat`: one prepared video, many questions, each answer what the target's `generate` gives.
 
 The tiny checkpoint pair of tests/tiny_checkpoint.py; the interactive session is driven through its
 standard input, as a person types (end of input quits like /quit).
@@ -13,8 +13,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+import hippo
 from hippo_cli.main import main
+from hippo_media.inputs import load_video_inputs
 
 pytest.importorskip("av")
 from tiny_checkpoint import save_checkpoint, write_video  # noqa: E402
@@ -24,8 +27,9 @@ from tiny_checkpoint import save_checkpoint, write_video  # noqa: E402
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("chat")
     return {
-        "target": str(save_checkpoint(root / "target")),
-        "draft": str(save_checkpoint(root / "draft", role="draft", seed=1)),
+        # float64: each answer is compared with target.generate exactly
+        "target": str(save_checkpoint(root / "target", dtype=torch.float64)),
+        "draft": str(save_checkpoint(root / "draft", role="draft", seed=1, dtype=torch.float64)),
         "video": str(write_video(root / "v.mp4", n=16, fps=8, size=(64, 64))),
     }
 
@@ -49,9 +53,14 @@ def test_questions_file_answers_each_like_generate(env, tmp_path, capsys) -> Non
     out = capsys.readouterr().out
     answers = json.loads((tmp_path / "c.json").read_text())["answers"]
     assert [a["question"] for a in answers] == qs and f"Q: {qs[1]}" in out
-    for q, a in zip(qs, answers):  # no history between them: exactly a fresh `hippo generate`
-        assert main(["generate", *common(env), "--prompt", q, "--json", str(tmp_path / "g.json")]) == 0
-        assert a["tokens"] == json.loads((tmp_path / "g.json").read_text())["tokens"]
+    # no history between them: each answer is transformers' generate on that question's inputs
+    target = hippo.PipelineBuilder().target(env["target"]).scheduler("autoregressive").build()
+    assert target.target.dtype == torch.float64
+    for q, a in zip(qs, answers):
+        inputs = load_video_inputs(target.target_adapter, env["video"], q, frames=4, max_pixels=3136)
+        with torch.inference_mode():
+            ref = target.target.generate(**inputs, max_new_tokens=8, do_sample=False)
+        assert a["tokens"] == ref[0, inputs["input_ids"].shape[1] :].tolist()
         assert a["text"] in " ".join(out.split())  # streamed
 
 

@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
+import torch
 
 import hippo
 import hippo.registry
@@ -36,6 +38,22 @@ SMALL = [
     "--keep-ratio",
     "0.25",
 ]
+
+
+def generate_tokens(
+    adapter: str, frames: int, size: int | None, max_new_tokens: int, seed: int = 0
+) -> list[int]:
+    """The oracle for the demo: transformers' own `generate` on the demo's target and inputs (the
+    same float32 tiny model and synthetic video the demo builds), greedy."""
+    cls = hippo.registry.lookup("adapters", adapter)
+    target = cls.tiny_model("target", seed=seed, dtype=torch.float32)
+    demo = hippo_cli.demo_tiny
+    inputs = cls.synthetic_inputs(
+        target, demo.synthetic_video(frames, size, seed), demo.TEXT_BEFORE, demo.TEXT_AFTER
+    )
+    with torch.inference_mode():
+        out = target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
 def _exit_code(argv: list[str]) -> int:
@@ -122,6 +140,9 @@ def test_demo_runs_and_all_outputs_match(small_demo) -> None:
     rc, out, result = small_demo
     assert rc == 0
     assert [r["name"] for r in result["runs"]] == ["autoregressive", "serial", "self-speculation"]
+    want = generate_tokens("qwen2_5_vl", 4, 56, 12)  # the oracle, computed here
+    assert [r["tokens"] for r in result["runs"]] == [want] * 3
+    assert result["transformers_generate"]["tokens"] == want
     assert result["all_identical"] is True
     assert all(r["identical"] for r in result["runs"])
     assert result["transformers_generate"]["identical"] is True
@@ -165,7 +186,9 @@ def test_demo_on_every_adapter_with_a_tiny_model(adapter: str) -> None:
         pytest.skip(f"adapter {adapter!r} ships no tiny model")
     result = hippo_cli.demo_tiny.run_demo(adapter=adapter, frames=4, max_new_tokens=10, repeats=1)
     assert result["adapter"] == adapter and result["settings"]["size"] >= 112
-    assert result["all_identical"], [r["tokens"] for r in result["runs"]]
+    want = generate_tokens(adapter, 4, result["settings"]["size"], 10)
+    assert [r["tokens"] for r in result["runs"]] == [want] * 3
+    assert result["all_identical"]
 
 
 def test_demo_json_on_stdout(capsys: pytest.CaptureFixture[str], monkeypatch, small_demo) -> None:
@@ -174,16 +197,24 @@ def test_demo_json_on_stdout(capsys: pytest.CaptureFixture[str], monkeypatch, sm
     assert json.loads(capsys.readouterr().out) == small_demo[2]
 
 
-def test_demo_exits_1_when_an_output_differs(
-    capsys: pytest.CaptureFixture[str], monkeypatch, small_demo
-) -> None:
-    broken = json.loads(json.dumps(small_demo[2]))
-    broken["runs"][1]["identical"] = False
-    broken["all_identical"] = False
-    monkeypatch.setattr(hippo_cli.demo_tiny, "run_demo", lambda **kw: broken)
-    assert main(["demo", "--adapter", "qwen2_5_vl"]) == 1
+def test_demo_exits_1_when_an_output_differs(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    """The demo's own mismatch detection, run for real: the speculative pipelines' last token is
+    made wrong, and the demo must see it, say NO and exit 1."""
+    real = hippo.Pipeline.generate
+
+    def off_by_one(self, inputs, **kw):
+        out = real(self, inputs, **kw)
+        if self.names.get("scheduler") == "autoregressive":
+            return out
+        seq = out.sequences.clone()  # [1, L + new]
+        seq[0, -1] = (seq[0, -1] + 1) % self.target.config.get_text_config().vocab_size
+        return attrs.evolve(out, sequences=seq)
+
+    monkeypatch.setattr(hippo.Pipeline, "generate", off_by_one)
+    assert main(["demo", *SMALL]) == 1
     out = capsys.readouterr().out
     assert "all outputs identical: NO" in out
+    assert sum(line.rstrip().endswith(" NO") for line in out.splitlines()) == 2  # both speculative rows
 
 
 def test_demo_on_the_trained_pair(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:

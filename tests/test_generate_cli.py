@@ -37,9 +37,10 @@ SUMMARY = re.compile(
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("generate")
+    f64 = {"dtype": torch.float64}  # the pair whose answers are compared with target.generate exactly
     paths = {
-        "target": save_checkpoint(root / "target"),
-        "draft": save_checkpoint(root / "draft", role="draft", seed=1),
+        "target": save_checkpoint(root / "target", **f64),
+        "draft": save_checkpoint(root / "draft", role="draft", seed=1, **f64),
         "draft_other_tokenizer": save_checkpoint(root / "draft_tok", role="draft", seed=1, shift=1),
         "target_no_tokenizer": save_checkpoint(root / "target_no_tok", tokenizer=False),
         "video": write_video(root / "v.mp4", n=16, fps=8, size=(64, 64)),

@@ -90,7 +90,13 @@ def check_record(s) -> None:
 
 
 @pytest.mark.parametrize(
-    "case", [pytest.param(c, marks=pytest.mark.slow) if "process" in c else c for c in CASES]
+    "case",
+    [
+        pytest.param(c, marks=[pytest.mark.slow, pytest.mark.xdist_group("processes")])
+        if "process" in c
+        else c
+        for c in CASES
+    ],
 )
 def test_event_record(case):
     scheduler, options, drafter = CASES[case]

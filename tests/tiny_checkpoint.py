@@ -83,11 +83,14 @@ def save_checkpoint(
     seed: int = 0,
     tokenizer: bool = True,
     shift: int = 0,
+    dtype: torch.dtype = torch.float32,
 ) -> Path:
-    """A tiny random model of `adapter` in float32 (+ the tiny tokenizer) saved into `path`."""
+    """A tiny random model of `adapter` (+ the tiny tokenizer) saved into `path`; it loads back in
+    the `dtype` it was saved in. Float64 where a test compares tokens with `target.generate`
+    exactly (float32 equality is not guaranteed), float32 where it checks loading or the CLI."""
     from hippo.registry import lookup
 
-    model = lookup("adapters", adapter).tiny_model(role, seed=seed, dtype=torch.float32)
+    model = lookup("adapters", adapter).tiny_model(role, seed=seed, dtype=dtype)
     model.save_pretrained(path)
     if tokenizer:
         tiny_tokenizer(shift).save_pretrained(path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import torch
 
 import hippo
 from hippo.testing.drafters import CORRUPTING
@@ -19,6 +20,11 @@ from hippo.testing.models import Prompt, options_for, tiny
 #: Executors a case can run a parallel schedule's draft on (in this process): "inline" one after the
 #: other, "thread" overlapped on a thread, "simulated" on a virtual clock with the case's timings.
 EXECUTORS = ("inline", "thread", "simulated")
+#: ... and every executor a case may name: "process" runs the draft in its own process (a spawn per
+#: pipeline, seconds each: ask for it explicitly, `executors=("process",)`).
+ALL_EXECUTORS = (*EXECUTORS, "process")
+#: dtypes a case's tiny pair may have: float64 (exact), float32 (the packed linear weights are live)
+DTYPES = ("float64", "float32")
 TIMING_NAMES = ("target_prefill", "target_forward", "draft_prefill", "draft_forward")
 _PROMPTS: dict[tuple, Prompt] = {}
 
@@ -43,7 +49,7 @@ class Case:
     target_seed: int = 0
     draft: str = "draft"  # "draft": the adapter's tiny draft model; "self": the target drafts for itself
     draft_seed: int = 1
-    gamma: int = 4  # γ
+    gamma: int | str = 4  # γ, or "auto" (the cost model's γ, hippo.cost)
     keep_ratio: float = 0.5
     selector_seed: int | None = None
     max_new_tokens: int = 8
@@ -54,21 +60,41 @@ class Case:
     executor: str = "inline"  # one of EXECUTORS, for schedulers that take an executor
     timing: tuple[float, float, float, float] = attrs.field(default=(10.0, 4.0, 2.0, 1.0), converter=_tuple)
     extra: dict = attrs.field(factory=dict)  # values drawn from `assert_greedy_lossless(draws=...)`
+    dtype: str = "float64"  # one of DTYPES: the tiny pair's dtype
 
     # ---- derived ------------------------------------------------------------------------------
     @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @property
+    def exact(self) -> bool:
+        """Whether greedy equality with `target.generate` is exact (float64), not up to float ties."""
+        return self.torch_dtype == torch.float64
+
+    @property
     def target(self) -> Any:
-        """The tiny float64 target p."""
-        return tiny(self.adapter, "target", self.target_seed)
+        """The tiny target p (float64 unless the case says float32)."""
+        return tiny(self.adapter, "target", self.target_seed, self.torch_dtype)
 
     @property
     def draft_model(self) -> Any:
         """The draft q: the adapter's tiny draft, or the target itself (self-speculation)."""
-        return self.target if self.draft == "self" else tiny(self.adapter, "draft", self.draft_seed)
+        if self.draft == "self":
+            return self.target
+        return tiny(self.adapter, "draft", self.draft_seed, self.torch_dtype)
 
     @property
     def prompt(self) -> Prompt:
-        key = (self.adapter, self.target_seed, self.grid, self.video_seed, self.before, self.after)
+        key = (
+            self.adapter,
+            self.dtype,
+            self.target_seed,
+            self.grid,
+            self.video_seed,
+            self.before,
+            self.after,
+        )
         if key not in _PROMPTS:
             _PROMPTS.clear()  # one prompt at a time: a case is used for one example
             _PROMPTS[key] = Prompt(
@@ -94,6 +120,8 @@ class Case:
             return {"executor": "inline", "executor_options": {"overlap": "thread"}}
         if kind == "inline":
             return {"executor": "inline", "executor_options": {"overlap": "off"}}
+        if kind == "process":
+            return {"executor": "process", "executor_options": {}}
         timing = dict(zip(TIMING_NAMES, self.timing))
         return {"executor": kind, "executor_options": options_for("executors", kind, **timing)}
 
@@ -151,4 +179,8 @@ class Case:
             parts.append(f"min_new_tokens={self.min_new_tokens}")
         if self.eos_pick is not None:
             parts.append(f"eos_pick={self.eos_pick} (a generated token made a stop token)")
+        if self.executor != "inline":
+            parts.append(f"executor={self.executor}")
+        if not self.exact:
+            parts.append(f"dtype={self.dtype}")
         return ", ".join(parts)

@@ -14,22 +14,29 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import torch
 
 from hippo.testing._deps import require_hypothesis
 
 require_hypothesis()
 
-from hypothesis import given  # noqa: E402
+from hypothesis import example, given  # noqa: E402
 from hypothesis import seed as hypothesis_seed  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from hippo.testing.case import EXECUTORS, Case  # noqa: E402
 from hippo.testing.drafters import corrupting_plugin  # noqa: E402
-from hippo.testing.greedy import hypothesis_settings, make_pipeline, part_names  # noqa: E402
+from hippo.testing.greedy import (  # noqa: E402
+    fixed_extra,
+    hypothesis_settings,
+    make_pipeline,
+    part_names,
+    regression_cases,
+)
 from hippo.testing.models import Prompt, special_ids, text_ids  # noqa: E402
-from hippo.testing.reference import eos_stop, first_difference, new_tokens  # noqa: E402
-from hippo.testing.report import LosslessViolation, Report  # noqa: E402
+from hippo.testing.reference import eos_stop, first_difference, new_tokens, partial_rounds  # noqa: E402
+from hippo.testing.report import LosslessViolation, Report, VacuousCheck  # noqa: E402
 from hippo.testing.strategies import _adapters, cases  # noqa: E402
 
 #: more questions after the case's own: each a list of word picks (indices into the text ids)
@@ -122,11 +129,16 @@ def assert_conversation_lossless(
     self_draft: bool | None = None,
     executors: Sequence[str] = EXECUTORS,
     draws: dict[str, st.SearchStrategy] | None = None,
+    require_partial: bool = True,
 ) -> int:
     """Check `build(case)`'s pipeline on video contexts: 1-4 questions per drawn case, answered as a
     conversation or independently, each equal to `target.generate` on its whole prompt. `draws`
-    go to `case.extra` (e.g. the scheduler). Raises `LosslessViolation`; returns the examples run."""
+    go to `case.extra` (e.g. the scheduler). The greedy check's `regression_cases` run first (two
+    questions, as a conversation), with each draw's first value. Raises `LosslessViolation`, or
+    `VacuousCheck` (with `require_partial`) when answers were drafted but no round accepted some
+    but not all of its draft tokens; returns the examples run."""
     ran = [0]
+    partial, drafted = [0], [False]
     strategy = cases(
         adapters,
         corrupt=True,
@@ -136,14 +148,27 @@ def assert_conversation_lossless(
     )
 
     def lossless(case: Case) -> None:
-        run_conversation(build, case, case.extra["questions"], case.extra["independent"])
+        outs = run_conversation(build, case, case.extra["questions"], case.extra["independent"])
         ran[0] += 1
+        partial[0] += sum(len(partial_rounds(out)) for out in outs)
+        drafted[0] = drafted[0] or any(out.stats.rounds for out in outs)
 
     where = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
     lossless._hypothesis_internal_add_digest = f"{where}|conversation|{_adapters(adapters)}".encode()
     lossless = hypothesis_settings(examples, seed)(given(case=strategy)(lossless))
+    extra = fixed_extra(draws)
+    if self_draft is not False and extra is not None:
+        extra = {"questions": [[1, 2, 3]], "independent": False, **extra}
+        for case in reversed(regression_cases(_adapters(adapters)[0], executors[0])):
+            lossless = example(case=attrs.evolve(case, extra=extra))(lossless)
     if seed is not None:
         lossless = hypothesis_seed(seed)(lossless)
     with corrupting_plugin():
         lossless()
+    if require_partial and drafted[0] and not partial[0]:
+        raise VacuousCheck(
+            f"no round accepted some but not all of its draft tokens over {ran[0]} conversations: "
+            "build with case.builder(...) (it corrupts drawn draft positions), use more examples, or "
+            "pass require_partial=False"
+        )
     return ran[0]

@@ -81,17 +81,19 @@ def selector_scorer_pairs(adapter: str | None = None) -> list[tuple[str, str | N
 
 # ---- tiny models --------------------------------------------------------------------------------
 
-_MODELS: dict[tuple[str, str, int], Any] = {}
+_MODELS: dict[tuple[str, str, int, torch.dtype], Any] = {}
 
 
-def tiny(adapter: str, role: str = "target", seed: int = 0) -> Any:
-    """The adapter's tiny random model in float64, built once per process.
+def tiny(adapter: str, role: str = "target", seed: int = 0, dtype: torch.dtype = DTYPE) -> Any:
+    """The adapter's tiny random model (float64 unless `dtype` says otherwise), built once per process.
 
-    Raises NotImplementedError for adapters that ship no tiny model (see `tiny_adapters`).
+    Float64 makes greedy equality exact; float32 is the dtype where hippo's packed linear weights
+    (`hippo.packed`, the target's default path) are live. Raises NotImplementedError for adapters
+    that ship no tiny model (see `tiny_adapters`).
     """
-    key = (adapter, role, seed)
+    key = (adapter, role, seed, dtype)
     if key not in _MODELS:
-        model = part_class("adapters", adapter).tiny_model(role, seed=seed, dtype=DTYPE)
+        model = part_class("adapters", adapter).tiny_model(role, seed=seed, dtype=dtype)
         _MODELS[key] = model.eval()
     return _MODELS[key]
 
@@ -160,6 +162,10 @@ def make_video(t: int, h: int, w: int, seed: int) -> torch.Tensor:  # -> [T, H, 
     return torch.rand(t, h, w, 3, generator=torch.Generator().manual_seed(seed), dtype=DTYPE)
 
 
+def _is64(value: Any) -> bool:
+    return torch.is_tensor(value) and value.dtype == torch.float64
+
+
 class Prompt:
     """One video between two runs of text ids; `inputs` is the processor-shaped dict."""
 
@@ -167,9 +173,10 @@ class Prompt:
         self.adapter, self.grid, self.video_seed = adapter, tuple(grid), video_seed
         self.before, self.after = tuple(before), tuple(after)
         video = make_video(*grid, video_seed)  # [T, H, W, 3]
-        self.inputs = part_class("adapters", adapter).synthetic_inputs(
-            model, video, list(before), list(after)
-        )
+        inputs = part_class("adapters", adapter).synthetic_inputs(model, video, list(before), list(after))
+        if model.dtype != DTYPE:  # a float32 model (packed weights) gets float32 pixels, not float64
+            inputs = {k: v.to(model.dtype) if _is64(v) else v for k, v in inputs.items()}
+        self.inputs = inputs
 
     @classmethod
     def default(cls, adapter: str, model: Any, frames: int = 2) -> Prompt:

@@ -15,13 +15,15 @@ require_hypothesis()
 from hypothesis import strategies as st  # noqa: E402
 
 from hippo.errors import ConfigError  # noqa: E402
-from hippo.testing.case import EXECUTORS, Case  # noqa: E402
+from hippo.testing.case import ALL_EXECUTORS, DTYPES, EXECUTORS, Case  # noqa: E402
 from hippo.testing.models import Prompt, eos_ids, pixel_unit, text_ids, tiny, tiny_adapters  # noqa: E402
 from hippo.testing.options import default_examples  # noqa: E402
 
 frames = st.integers(1, 6)
 pixel_multiples = st.integers(1, 4)  # H and W are 1..4 times the adapter's pixel unit (28 for Qwen2.5-VL)
 gammas = st.integers(1, 8)
+#: γ fixed per case, or "auto" (the cost model chooses γ round by round)
+gammas_or_auto = gammas | st.just("auto")
 keep_ratios = st.floats(0.05, 1.0, allow_nan=False)
 max_new_tokens = st.integers(1, 24)
 seeds = st.integers(0, 2**31 - 1)
@@ -110,6 +112,8 @@ def cases(
     draws: Mapping[str, st.SearchStrategy] | None = None,
     stops: bool = True,
     seeds_of_models: st.SearchStrategy[int] | None = None,
+    gamma: st.SearchStrategy[int | str] | None = None,
+    dtypes: Sequence[str] = ("float64",),
 ) -> st.SearchStrategy[Case]:
     """Whole test cases: a tiny pair of one of `adapters` (default: every adapter with a tiny model),
     a video and prompt (EOS ids in the text sometimes), γ, a keep ratio, a token budget, a
@@ -119,14 +123,21 @@ def cases(
     `self_draft`: True always drafts with the target itself, False always with the tiny draft,
     None lets hypothesis choose. `stops=False` draws no min_new_tokens and no mid-way EOS.
     `seeds_of_models` draws the tiny models' seeds (default 0-2; `st.just(0)` keeps one pair, e.g.
-    when each new model object costs a compilation).
+    when each new model object costs a compilation). `executors` may include "process" (a draft
+    process per pipeline). `gamma` draws γ (default 1-8; `gammas_or_auto` adds "auto"). `dtypes`:
+    "float64" (exact) and/or "float32" (the target's packed linear weights are live; see
+    `assert_greedy_lossless` for how float32 ties are judged).
     """
     names = _adapters(adapters)
     extra = dict(draws or {})
     model_seed = model_seeds if seeds_of_models is None else seeds_of_models
-    bad = [e for e in executors if e not in EXECUTORS]
+    bad = [e for e in executors if e not in ALL_EXECUTORS]
     if bad or not executors:
-        raise ConfigError(f"executors {bad or list(executors)}: choose among {', '.join(EXECUTORS)}")
+        raise ConfigError(f"executors {bad or list(executors)}: choose among {', '.join(ALL_EXECUTORS)}")
+    odd = [d for d in dtypes if d not in DTYPES]
+    if odd or not dtypes:
+        raise ConfigError(f"dtypes {odd or list(dtypes)}: choose among {', '.join(DTYPES)}")
+    gamma_draw = gammas if gamma is None else gamma
 
     @st.composite
     def build(draw) -> Case:
@@ -145,7 +156,7 @@ def cases(
             target_seed=target_seed,
             draft=draw(st.sampled_from(roles), label="draft"),
             draft_seed=draw(model_seed, label="draft seed"),
-            gamma=draw(gammas, label="γ"),
+            gamma=draw(gamma_draw, label="γ"),
             keep_ratio=draw(keep_ratios, label="keep ratio"),
             selector_seed=draw(st.none() | seeds, label="selector seed"),
             max_new_tokens=max_new,
@@ -158,6 +169,7 @@ def cases(
             executor=draw(st.sampled_from(list(executors)), label="executor"),
             timing=draw(timings, label="timings"),
             extra={k: draw(v, label=k) for k, v in sorted(extra.items())},
+            dtype=draw(st.sampled_from(list(dtypes)), label="dtype"),
         )
 
     return build()

@@ -1,7 +1,8 @@
 """`gamma="auto"`: γ from the cost model (hippo.cost) is lossless under every drafting scheduler.
 
-- greedy: every adapter x drafting scheduler x in-process executor, float64, against
-  `target.generate`; γ now changes from round to round with measured times and acceptance;
+- greedy: the hypothesis harness on every adapter, the drafting scheduler and the executor drawn,
+  float64, against `target.generate`; γ changes from round to round with measured times and
+  acceptance;
 - hippo's synchronous-prefill buffer is verified in chunks, still exactly;
 - sampling: the target's exact law (as in test_sampling.py);
 - the cost model itself: expected tokens, the best γ, the verify curve, and a calibration that
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_sampling import GEN, law_of, prompt, tv_threshold
 
 from hippo.cost import GAMMA_MAX, GAMMA_START, VerifyCurve, best_gamma, expected_tokens, measure_verify_curve
+from hippo.testing import assert_greedy_lossless
 from hippo.testing import models as hm
 from hippo.testing import params as hp
 from hippo.testing import reference as hr
@@ -25,31 +26,29 @@ from hippo.testing import strategies as hs
 ADAPTERS = hp.adapter_params()
 
 
-@pytest.mark.parametrize("scheduler", hm.drafting_schedulers())
 @pytest.mark.parametrize("adapter", ADAPTERS)
-@settings(max_examples=hs.examples(0.25))
-@given(data=st.data())
-def test_auto_gamma_equals_target_generate(adapter, scheduler, data):
-    target = hm.tiny(adapter, "target")
-    draft = target if data.draw(st.booleans(), label="self-speculation") else hm.tiny(adapter, "draft")
-    prompt_ = data.draw(hs.prompts(adapter, target), label="prompt")
-    pipe = hr.build_pipeline(
-        target,
-        draft,
-        scheduler=scheduler,
-        gamma="auto",
-        keep_ratio=data.draw(hs.keep_ratios, label="keep ratio"),
-        verifier=data.draw(st.sampled_from([None, "rejection"]), label="verifier"),
-        executor=data.draw(st.sampled_from(hm.executor_choices(scheduler)), label="executor"),
+def test_auto_gamma_equals_target_generate(adapter):
+    """The harness with γ="auto" on every drafting scheduler (drawn), the tiny draft or the target
+    itself, corrupted drafts, the verifier and every in-process executor drawn."""
+
+    def build(case):
+        return case.builder(case.extra["scheduler"], verifier=case.extra["verifier"])
+
+    def check(case, out):
+        s = out.stats
+        assert all(0 <= n <= g <= GAMMA_MAX for n, g in zip(s.accepted_per_round, s.drafted_per_round))
+
+    assert_greedy_lossless(
+        build,
+        adapters=[adapter],
+        examples=hs.examples(0.5),
+        gamma=st.just("auto"),
+        draws={
+            "scheduler": st.sampled_from(hm.drafting_schedulers()),
+            "verifier": st.sampled_from([None, "rejection"]),
+        },
+        on_output=check,
     )
-    gen = {"do_sample": False, "max_new_tokens": data.draw(hs.max_new_tokens, label="max_new_tokens")}
-    gen, ref = hr.eos_stop(
-        target, prompt_.inputs, gen, data.draw(st.none() | st.integers(0, 23), label="EOS")
-    )
-    out = pipe.generate(prompt_.inputs, **gen)
-    hr.assert_same(out, ref, prompt_.length)
-    s = out.stats
-    assert all(0 <= n <= g <= GAMMA_MAX for n, g in zip(s.accepted_per_round, s.drafted_per_round))
 
 
 def test_the_curve_is_measured_once_per_pipeline():

@@ -20,6 +20,8 @@ from hippo.testing import reference as hr
 from hippo.testing import strategies as hs
 
 ADAPTERS = hp.adapter_params()
+# drafting schedulers first: the harness's fixed examples take each draw's first value
+SCHEDULERS = sorted(hm.names("schedulers"), key=lambda n: n not in hm.drafting_schedulers())
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
@@ -33,11 +35,29 @@ def test_questions_equal_target_generate(adapter):
         adapters=[adapter],
         examples=hs.examples(0.25),
         draws={
-            "scheduler": st.sampled_from(hm.names("schedulers")),
+            "scheduler": st.sampled_from(SCHEDULERS),
             "selector, scorer": st.sampled_from(hm.selector_scorer_pairs(adapter)),
         },
     )
     assert ran >= 1
+
+
+@pytest.mark.xdist_group("processes")
+def test_questions_with_a_draft_process_equal_target_generate():
+    """The process executor's draft keeps each context's video encoding in its own process
+    (`DraftPrefix`); drawn questions and conversations, pearl and hippo, every answer exact."""
+
+    def build(case):
+        return case.builder(case.extra["scheduler"])
+
+    ran = assert_conversation_lossless(
+        build,
+        adapters=["qwen2_5_vl"],
+        examples=max(1, hs.examples(0.05)),
+        executors=("process",),
+        draws={"scheduler": st.sampled_from(["hippo", "pearl"])},
+    )
+    assert ran >= 2  # the fixed example and at least one drawn
 
 
 TEMPERATURE, TOP_K, NEW = 1.5, 2, 4

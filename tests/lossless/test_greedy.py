@@ -17,6 +17,7 @@ from hippo.testing import models as hm
 from hippo.testing import params as hp
 from hippo.testing import reference as hr
 from hippo.testing import strategies as hs
+from hippo.testing.greedy import partial_case
 
 ADAPTERS = hp.adapter_params()
 verifiers = st.sampled_from([None, "greedy", "rejection"])
@@ -49,7 +50,9 @@ def test_every_scored_selector_has_a_scorer():
 @pytest.mark.parametrize("adapter", ADAPTERS)
 def test_pipeline_equals_target_generate(adapter, scheduler):
     """The public check (hippo.testing.assert_greedy_lossless) on every adapter x scheduler, drawing
-    the selector/scorer pair, the verifier and the in-process executor on top of the case."""
+    the selector/scorer pair, the verifier and the in-process executor on top of the case; drafts
+    by the tiny draft or the target itself, with corrupted positions, so that rounds accept part
+    of their draft (the check fails if none did)."""
 
     def build(case):
         selector, scorer = case.extra["selector, scorer"]
@@ -59,55 +62,70 @@ def test_pipeline_equals_target_generate(adapter, scheduler):
         build,
         adapters=[adapter],
         examples=hs.examples(1.0),
-        corrupt=False,
-        self_draft=False,
         executors=("inline", "thread"),
         draws={"selector, scorer": st.sampled_from(hm.selector_scorer_pairs(adapter)), "verifier": verifiers},
-        require_partial=False,  # the tiny draft rarely agrees with p: partial rounds are forced below
         on_output=lambda case, out: check_rounds(out),
     )
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
-@settings(max_examples=hs.examples(0.5))
-@given(data=st.data())
-def test_self_speculation_and_interleaved_hf_generate(adapter, data):
+def test_self_speculation_and_interleaved_hf_generate(adapter, corrupting_drafter):
     """The draft is the target object itself; HF `generate` runs before, between and after the
-    pipeline on other prompts, so any stale per-model state (Qwen's `rope_deltas`) would show."""
-    target = hm.tiny(adapter, "target", data.draw(hs.model_seeds, label="model seed"))
-    a = data.draw(hs.prompts(adapter, target), label="prompt A")
-    b = data.draw(hs.prompts(adapter, target), label="prompt B")
-    gen_a = greedy(data.draw(hs.max_new_tokens, label="max_new A"))
-    gen_b, ref_b = hr.eos_stop(
-        target,
-        b.inputs,
-        greedy(data.draw(hs.max_new_tokens, label="max_new B")),
-        data.draw(eos_picks, label="EOS pick B"),
+    pipeline on other prompts, so any stale per-model state (Qwen's `rope_deltas`) would show.
+    Draft positions are corrupted in some examples; some round must accept part of its draft."""
+    partial = []
+
+    @settings(max_examples=hs.examples(0.5))
+    @given(data=st.data())
+    def check(data):
+        target = hm.tiny(adapter, "target", data.draw(hs.model_seeds, label="model seed"))
+        a = data.draw(hs.prompts(adapter, target), label="prompt A")
+        b = data.draw(hs.prompts(adapter, target), label="prompt B")
+        gen_a = greedy(data.draw(hs.max_new_tokens, label="max_new A"))
+        gen_b, ref_b = hr.eos_stop(
+            target,
+            b.inputs,
+            greedy(data.draw(hs.max_new_tokens, label="max_new B")),
+            data.draw(eos_picks, label="EOS pick B"),
+        )
+        ref_a = hr.reference(target, a.inputs, **gen_a)  # HF last ran on B: its state is B's
+        selector, scorer = data.draw(
+            st.sampled_from(hm.selector_scorer_pairs(adapter)), label="selector, scorer"
+        )
+        wrong = data.draw(st.none() | hs.corrupt_patterns, label="corrupted positions")
+        pipe = hr.build_pipeline(
+            target,
+            target,
+            scheduler=data.draw(st.sampled_from(hm.drafting_schedulers()), label="scheduler"),
+            gamma=data.draw(hs.gammas, label="γ"),
+            selector=selector,
+            scorer=scorer,
+            keep_ratio=data.draw(hs.keep_ratios, label="keep ratio"),
+            drafter="chain" if wrong is None else corrupting_drafter,
+            drafter_options=None if wrong is None else {"wrong": wrong},
+        )
+        out_b = pipe.generate(b.inputs, **gen_b)
+        hr.assert_same(out_b, ref_b, b.length)  # after HF ran on A
+        assert torch.equal(hr.reference(target, b.inputs, **gen_b), ref_b)  # HF right after the pipeline
+        out_a = pipe.generate(a.inputs, **gen_a)  # after HF ran on B
+        hr.assert_same(out_a, ref_a, a.length)
+        assert torch.equal(hr.reference(target, a.inputs, **gen_a), ref_a)  # HF after pipeline runs
+        check_rounds(out_a)
+        partial.extend(hr.partial_rounds(out_a) + hr.partial_rounds(out_b))
+
+    # the fixed example first (the harness's: the target drafts, its second draft token corrupted)
+    partial.extend(
+        hr.partial_rounds(replay_greedy(lambda case: case.builder("serial"), partial_case(adapter)))
     )
-    ref_a = hr.reference(target, a.inputs, **gen_a)  # HF last ran on B: its state is B's
-    selector, scorer = data.draw(st.sampled_from(hm.selector_scorer_pairs(adapter)), label="selector, scorer")
-    pipe = hr.build_pipeline(
-        target,
-        target,
-        scheduler=data.draw(st.sampled_from(hm.drafting_schedulers()), label="scheduler"),
-        gamma=data.draw(hs.gammas, label="γ"),
-        selector=selector,
-        scorer=scorer,
-        keep_ratio=data.draw(hs.keep_ratios, label="keep ratio"),
-    )
-    hr.assert_same(pipe.generate(b.inputs, **gen_b), ref_b, b.length)  # after HF ran on A
-    assert torch.equal(hr.reference(target, b.inputs, **gen_b), ref_b)  # HF right after the pipeline
-    out_a = pipe.generate(a.inputs, **gen_a)  # after HF ran on B
-    hr.assert_same(out_a, ref_a, a.length)
-    assert torch.equal(hr.reference(target, a.inputs, **gen_a), ref_a)  # HF after pipeline runs
-    check_rounds(out_a)
+    check()
+    assert partial, "no round accepted some but not all of its draft tokens"
 
 
-@pytest.mark.parametrize("verifier", [None, "greedy", "rejection"])
 @pytest.mark.parametrize("adapter", ADAPTERS)
-def test_partial_acceptance_is_exact(adapter, verifier):
+def test_partial_acceptance_is_exact(adapter):
     """Corrupted draft positions force rounds that accept some but not all of γ; the output must
-    not change. The check also fails unless such rounds really happened across the examples."""
+    not change. The check also fails unless such rounds really happened across the examples. The
+    verifier (default, greedy, rejection) is drawn with the scheduler."""
     target = hm.tiny(adapter, "target")
     unit, words = hm.pixel_unit(target), hm.text_ids(target)
     known = Case(
@@ -123,30 +141,33 @@ def test_partial_acceptance_is_exact(adapter, verifier):
     )
 
     def build(case):
-        return case.builder(case.extra["scheduler"], verifier=verifier)
+        return case.builder(case.extra["scheduler"], verifier=case.extra["verifier"])
 
     # self-speculation: drafts are mostly right, so corruption decides where they fail
-    partial = hr.partial_rounds(replay_greedy(lambda case: case.builder("serial", verifier=verifier), known))
-    result = assert_greedy_lossless(
+    for verifier in (None, "greedy", "rejection"):
+        out = replay_greedy(lambda case, v=verifier: case.builder("serial", verifier=v), known)
+        assert hr.partial_rounds(out), f"verifier {verifier}: no round accepted part of its draft"
+    assert_greedy_lossless(
         build,
         adapters=[adapter],
         examples=hs.examples(0.75),
         self_draft=True,
         executors=("inline",),
-        draws={"scheduler": st.sampled_from(hm.drafting_schedulers())},
+        draws={"scheduler": st.sampled_from(hm.drafting_schedulers()), "verifier": verifiers},
         stops=False,  # as before the move: the token budget ends each run
-        require_partial=False,  # checked below, together with the known example
         on_output=lambda case, out: check_rounds(out),
     )
-    assert partial or result.partial_rounds, "no round accepted some but not all of its draft tokens"
 
 
-@pytest.mark.parametrize(("adapter", "selector", "scorer"), hp.combination_params())
-@settings(max_examples=max(2, hs.examples(0.25)))
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@settings(max_examples=hs.examples(1.0))
 @given(data=st.data())
-def test_keeping_every_visual_token(adapter, selector, scorer, data):
+def test_keeping_every_visual_token(adapter, data):
     """keep_ratio=1 (or a keep-all selector) with the target as its own draft: the draft's prefill is
-    the target's, so every draft token is accepted, and the output is still the target's."""
+    the target's, so every draft token is accepted, and the output is still the target's. The
+    selector/scorer pair is drawn (each pair about twice per run with the ci profile)."""
+    pairs = hm.selector_scorer_pairs(adapter)
+    selector, scorer = data.draw(st.sampled_from(pairs), label="selector, scorer")
     target = hm.tiny(adapter, "target", data.draw(hs.model_seeds, label="model seed"))
     prompt = data.draw(hs.prompts(adapter, target), label="prompt")
     pipe = hr.build_pipeline(

@@ -1,7 +1,7 @@
 """Packed linear weights (`hippo.packed`, on by default for the target) change no token.
 
 oneDNN's packed linear has no float64 kernel, so the float64 harness runs with packing inert;
-these tests run in float32, where the packed path is live. A float32 verification and a one-token
+these tests run in float32, where the packed path is live (the harness's `dtypes=("float32",)`). A float32 verification and a one-token
 step already round differently (batched vs single-token GEMMs), so equality with `generate` holds
 unless two logits tie within float32 rounding; the fixed cases below have no such tie, and every
 test checks that the packed weights were really used.
@@ -13,16 +13,21 @@ import threading
 
 import pytest
 import torch
+from hypothesis import strategies as st
 
 import hippo
 from hippo.errors import ConfigError
 from hippo.packed import PackedLinears, PackedSessions, available
+from hippo.testing import assert_greedy_lossless
 from hippo.testing import models as hm
 from hippo.testing import params as hp
+from hippo.testing import strategies as hs
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN packed linear")
 
 ADAPTERS = [p.values[0] for p in hp.adapter_params() if not p.marks]
+# drafting schedulers first: the harness's fixed examples take each draw's first value
+SCHEDULERS = sorted(hm.names("schedulers"), key=lambda n: n not in hm.drafting_schedulers())
 _F32: dict[tuple[str, str], torch.nn.Module] = {}
 
 
@@ -89,6 +94,39 @@ def test_packed_pipelines_equal_target_generate(adapter):
         assert packed.routed > before, f"{scheduler}: the target's verifications did not use packed weights"
     pipe = hippo.PipelineBuilder().target(target).draft(draft).pack().build()  # off
     assert pipe.sessions["target"] is None
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_packed_pipelines_in_the_harness(adapter):
+    """The hypothesis harness on float32 pairs, where the target's packed weights (the default path)
+    are live: every scheduler, selector/scorer pair and executor drawn, the draft packed too for
+    some cases, corrupted drafts. Tokens equal target.generate's until a float32 tie of p's two top
+    logits (hippo.testing.greedy.FLOAT32_TIE), and the verifications really used packed weights."""
+    routed = []
+
+    def build(case):
+        x = case.extra
+        selector, scorer = x["selector, scorer"]
+        b = case.builder(x["scheduler"], selector=selector, scorer=scorer)
+        return b.pack(*x["packed roles"])
+
+    def used(case, out):
+        routed.append(PackedLinears.of(case.target).routed)
+
+    result = assert_greedy_lossless(
+        build,
+        adapters=[adapter],
+        examples=hs.examples(0.5),
+        dtypes=("float32",),
+        draws={
+            "scheduler": st.sampled_from(SCHEDULERS),
+            "selector, scorer": st.sampled_from(hm.selector_scorer_pairs(adapter)),
+            "packed roles": st.sampled_from([("target",), ("target", "draft")]),
+        },
+        on_output=used,
+    )
+    assert routed and routed[-1] > 0, "no verification used the packed weights"
+    assert result.ties <= result.examples // 4 + 1, f"float32 ties in most examples: {result.summary()}"
 
 
 def test_pack_options_are_checked():

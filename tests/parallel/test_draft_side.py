@@ -19,6 +19,8 @@ import hippo
 from hippo.sampling import TokenPolicy
 from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter
 
+pytestmark = pytest.mark.xdist_group("processes")  # draft processes: with tests/parallel/test_parallel.py
+
 
 class RefusingAdapter(Qwen25VLAdapter):
     """Qwen2.5-VL with an extra option: when `refuse` is set, its prefill raises with that message."""

@@ -21,11 +21,18 @@ import torch
 from hypothesis import strategies as st
 
 import hippo
-from hippo.testing import assert_greedy_lossless
+from hippo.testing import LosslessViolation, assert_greedy_lossless, replay_greedy
+from hippo.testing import models as hm
+from hippo.testing import strategies as hs
+from hippo.testing.greedy import regression_cases
+from hippo.testing.reference import path_logits
 from hippo.testing.strategies import examples
 from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
 from hippo_plugins.drafters import ChainDrafter
 from hippo_plugins.executors import InlineExecutor
+
+# draft processes, threads whose overlap is measured, timeouts: one worker, one test at a time
+pytestmark = pytest.mark.xdist_group("processes")
 
 _MODELS: dict = {}
 
@@ -76,17 +83,49 @@ def test_greedy_lossless_under_any_interleaving():
         build,
         adapters="qwen2_5_vl",
         examples=examples(1.0),
-        corrupt=False,
         executors=("simulated",),
         draws={
             "scheduler": st.sampled_from(["pearl", "hippo"]),
             "prune": st.sampled_from(["late", "early", "two_phase"]),
             "auto_gamma": st.booleans(),
-            "keep ratio": st.sampled_from([0.1, 0.4, 1.0]),
+            "keep ratio": st.sampled_from([1.0, 0.4, 0.1]),
         },
-        require_partial=False,
         on_output=check,
     )
+
+
+def _process_build(case):
+    return case.builder(case.extra["scheduler"], prune=case.extra["prune"])
+
+
+# LLaVA-OneVision: see test_process_executor_takes_a_llava_model_that_has_run
+PROCESS_ADAPTERS = [a for a in hm.tiny_adapters() if a != "llava_onevision"]
+
+
+def test_process_executor_in_the_harness(no_leaks):
+    """hippo.testing's check with the draft in its own process (a spawn per pipeline): pearl and
+    hippo, the prune mode and γ drawn (fixed or "auto"), corrupted drafts, the adapters' tiny
+    pairs drawn; every draft process is gone afterwards."""
+    assert_greedy_lossless(
+        _process_build,
+        adapters=PROCESS_ADAPTERS,
+        examples=max(1, examples(0.1)),
+        executors=("process",),
+        gamma=hs.gammas_or_auto,
+        draws={"scheduler": st.sampled_from(["hippo", "pearl"]), "prune": st.sampled_from(["late", "early"])},
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=LosslessViolation,
+    reason="bug: a LLaVA-OneVision model that has run a forward holds transformers' output-capturing "
+    "hook (a local function), so the process executor cannot pickle it to the draft process: "
+    "generate raises AttributeError instead of drafting or falling back to the target",
+)
+def test_process_executor_takes_a_llava_model_that_has_run(no_leaks):
+    case = regression_cases("llava_onevision", "process")[0]
+    replay_greedy(_process_build, attrs.evolve(case, extra={"scheduler": "hippo", "prune": "late"}))
 
 
 def test_sync_prefill_buffers_while_the_target_prefills():
@@ -109,12 +148,21 @@ def test_sync_prefill_buffers_while_the_target_prefills():
 
 @pytest.mark.parametrize("scheduler", ["pearl", "hippo"])
 def test_sampling_is_seeded_and_stays_in_support(scheduler):
+    """A seeded run repeats; every sampled token is in the target's top-5 after the tokens before
+    it (p's own logits along the path, from transformers' generate: the support of its law)."""
     target, _ = models()
     inputs = make_inputs(2, 56, 56, 1)
-    pipe = build(scheduler, False, executor="simulated")
+    L = inputs["input_ids"].shape[1]
+    pipe = build(scheduler, True, executor="simulated")  # the target drafts from a pruned video
     a = pipe.generate(inputs, max_new_tokens=12, do_sample=True, top_k=5, seed=7)
     b = pipe.generate(inputs, max_new_tokens=12, do_sample=True, top_k=5, seed=7)
     assert torch.equal(a.sequences, b.sequences)
+    tokens = a.sequences[0, L:].tolist()
+    rows = path_logits(target, inputs, tokens)  # [new + 1, V]: p's logits before each token
+    support = rows[: len(tokens)].topk(5, dim=-1).indices  # [new, 5]
+    outside = [(i, t) for i, t in enumerate(tokens) if t not in support[i].tolist()]
+    assert not outside, f"sampled outside the target's top-5 at (position, token) {outside}"
+    assert sum(a.stats.accepted_per_round) > 0  # drafted tokens were accepted, not only resampled
 
 
 # ---- the process executor -----------------------------------------------------------------------
@@ -257,6 +305,7 @@ _ORPHAN_SCRIPT = """
 import os, signal, sys, torch
 import hippo
 from hippo.testing import assert_greedy_lossless
+from hippo.testing import strategies as hs
 from hippo.testing.strategies import examples
 from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
 target, draft = tiny_model("target", seed=0), tiny_model("draft", seed=1)
