@@ -30,6 +30,7 @@ import torch
 import torch.multiprocessing as mp
 
 from hippo import hookimpl
+from hippo.compat import drop_output_capturing_hooks, register_output_capturing
 from hippo.config import positive_int
 from hippo.context import DraftPrefix, EncodingStore
 from hippo.draft import DraftSide
@@ -66,6 +67,7 @@ def _shared(payload: Any) -> Any:
 def _worker_main(model, adapter_cls, adapter_options, threads, contexts, cmd_q, res_q, stop_ticket) -> None:
     """The draft process: serve ("job" | "prefill" | "propose" | "close") commands in order."""
     torch.set_num_threads(threads)
+    register_output_capturing(model)  # what building the model registers, in the parent only
     adapter = adapter_cls(model, **adapter_options)
     side: DraftSide | None = None
     store = EncodingStore(contexts)  # the draft's encoded video prefixes of recent video contexts
@@ -124,6 +126,7 @@ class _DraftProcess:
         ctx = mp.get_context("spawn")
         self.cmd_q, self.res_q = ctx.Queue(), ctx.Queue()
         self.stop_ticket = ctx.Value("q", -1, lock=False)
+        drop_output_capturing_hooks(model)  # local functions: the model would not pickle
         saved = os.environ.get("OMP_WAIT_POLICY")
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # spinning OpenMP threads starve the other process
         try:

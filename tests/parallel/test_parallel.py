@@ -21,7 +21,7 @@ import torch
 from hypothesis import strategies as st
 
 import hippo
-from hippo.testing import LosslessViolation, assert_greedy_lossless, replay_greedy
+from hippo.testing import assert_greedy_lossless, replay_greedy
 from hippo.testing import models as hm
 from hippo.testing import strategies as hs
 from hippo.testing.greedy import regression_cases
@@ -98,8 +98,7 @@ def _process_build(case):
     return case.builder(case.extra["scheduler"], prune=case.extra["prune"])
 
 
-# LLaVA-OneVision: see test_process_executor_takes_a_llava_model_that_has_run
-PROCESS_ADAPTERS = [a for a in hm.tiny_adapters() if a != "llava_onevision"]
+PROCESS_ADAPTERS = hm.tiny_adapters()
 
 
 def test_process_executor_in_the_harness(no_leaks):
@@ -116,14 +115,9 @@ def test_process_executor_in_the_harness(no_leaks):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=LosslessViolation,
-    reason="bug: a LLaVA-OneVision model that has run a forward holds transformers' output-capturing "
-    "hook (a local function), so the process executor cannot pickle it to the draft process: "
-    "generate raises AttributeError instead of drafting or falling back to the target",
-)
 def test_process_executor_takes_a_llava_model_that_has_run(no_leaks):
+    """A LLaVA-OneVision model that has run a forward holds transformers' output-capturing hooks
+    (local functions); the process executor takes them off before it pickles the model."""
     case = regression_cases("llava_onevision", "process")[0]
     replay_greedy(_process_build, attrs.evolve(case, extra={"scheduler": "hippo", "prune": "late"}))
 
