@@ -1,19 +1,26 @@
-"""γ from a cost model (`gamma="auto"`): the draft length that maximises expected tokens per second.
+"""γ from a cost model (`gamma="auto"`): the draft length that maximises expected tokens per second,
+γ = 0 (the target alone) included.
 
 Notation: p = target, q = draft, γ = draft length, α = probability that a draft token is accepted.
 
 - t_verify(k): seconds of one k-token forward of p, measured once per pipeline right after p's first
   prefill (a few forwards of 1, 2, 4, ... tokens, each rolled back, so p's cache ends as it began);
-  cached on the scheduler, so later calls pay nothing.
+  cached on the scheduler, so later calls pay nothing. t_decode = t_verify(1).
 - t_draft: seconds per draft token, as observed so far in this call.
-- α: the acceptance seen so far in this call, (accepted + 1) / (drafted + 2) (a uniform prior).
+- α: the acceptance seen so far in this call, recent rounds weighing more (`Acceptance`). A round
+  checks its accepted tokens and, if it rejected, one more: the tokens after a rejection were never
+  checked, so they are not counted as failures.
 - A round of γ i.i.d.-accepted drafts emits E(γ) = (1 - α^(γ+1)) / (1 - α) tokens (Leviathan et
-  al.). It costs γ·t_draft + t_verify(γ+1) when q and p take turns (`serial`), and
-  max(γ·t_draft, t_verify(γ+1)) when q drafts while p verifies (`pearl`, `hippo`).
+  al.). It costs γ·t_draft + t_verify(γ+1) when q and p take turns (`serial`, or a parallel schedule
+  whose executor runs them one after the other), and max(γ·t_draft, t_verify(γ+1)) when q drafts
+  while p verifies (`pearl`, `hippo` beside a draft thread or process).
+- γ = 0 emits one token per t_decode. When no γ >= 1 is expected to beat it, the job decodes with
+  the target alone for a few steps, then drafts one probe round to see whether the draft agrees
+  better now; each probe that still loses doubles the wait (`BACKOFF_START` .. `BACKOFF_MAX` steps).
 
-Any γ is exact (the verification decides what is emitted), so this only changes speed. Since γ
-depends on measured times, a seeded sampling run with `gamma="auto"` is exact in law but not
-reproducible sample for sample.
+Any γ is exact (the verification decides what is emitted, and a target-only step is a plain
+decoding step), so this only changes speed. Since γ depends on measured times, a seeded sampling
+run with `gamma="auto"` is exact in law but not reproducible sample for sample.
 """
 
 from __future__ import annotations
@@ -23,13 +30,19 @@ from collections.abc import Sequence
 
 import torch
 
+from hippo.errors import ConfigError
 from hippo.interfaces import ModelSession
 from hippo.types import Stats
 
 #: The longest draft a `gamma="auto"` round asks for.
 GAMMA_MAX = 16
-#: γ before anything about the draft's speed is known.
+#: γ before anything about the draft's speed is known, and of a probe round after target-only steps.
 GAMMA_START = 5
+#: Each round's weight in α shrinks by this factor with every later round (about the last 5 rounds count).
+DECAY = 0.8
+#: Target-only steps after drafting first loses; doubled after each probe that still loses, up to the max.
+BACKOFF_START = 4
+BACKOFF_MAX = 256
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -87,6 +100,25 @@ def measure_verify_curve(
     return VerifyCurve(seconds)
 
 
+def round_seconds(curve: VerifyCurve, t_draft: float, gamma: int, parallel: bool) -> float:
+    """Seconds of one round: γ drafts and their verification; γ = 0, one step of the target alone."""
+    if gamma == 0:
+        return curve(1)
+    draft, verify = gamma * t_draft, curve(gamma + 1)
+    return max(draft, verify) if parallel else draft + verify
+
+
+def rates(
+    curve: VerifyCurve, alpha: float, t_draft: float, parallel: bool, gamma_max: int = GAMMA_MAX
+) -> list[float]:
+    """Expected tokens per second of each γ in 0..gamma_max (index γ; 0 = the target alone)."""
+    out = []
+    for g in range(gamma_max + 1):
+        seconds = round_seconds(curve, t_draft, g, parallel)
+        out.append(expected_tokens(alpha, g) / seconds if seconds > 0 else float(g + 1))
+    return out
+
+
 def best_gamma(
     curve: VerifyCurve,
     alpha: float,
@@ -95,22 +127,60 @@ def best_gamma(
     gamma_max: int = GAMMA_MAX,
 ) -> int:
     """The γ in 1..gamma_max with the most expected tokens per second (the smallest on ties)."""
-    best, best_rate = 1, -1.0
-    for g in range(1, gamma_max + 1):
-        draft, verify = g * t_draft, curve(g + 1)
-        seconds = max(draft, verify) if parallel else draft + verify
-        rate = expected_tokens(alpha, g) / seconds if seconds > 0 else float(g + 1)
-        if rate > best_rate * (1 + 1e-9):
-            best, best_rate = g, rate
+    return _best(rates(curve, alpha, t_draft, parallel, gamma_max))
+
+
+def _best(per_gamma: list[float]) -> int:  # the γ >= 1 of the highest rate, the smallest on ties
+    best = 1
+    for g in range(2, len(per_gamma)):
+        if per_gamma[g] > per_gamma[best] * (1 + 1e-9):
+            best = g
     return best
 
 
-class AutoGamma:
-    """A scheduler's `gamma="auto"`: the curve is measured on its first call and then cached."""
+def fixed_costs(costs: dict) -> tuple[VerifyCurve, float | None]:
+    """A scheduler's `costs` option, {"verify": {k: seconds}, "draft": seconds per draft token}
+    ("draft" optional: measured during the call if left out), as (t_verify curve, t_draft)."""
+    try:
+        verify = {int(k): float(v) for k, v in costs["verify"].items()}
+        draft = costs.get("draft")
+        draft = None if draft is None else float(draft)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(
+            f'costs must be {{"verify": {{k: seconds}}, "draft": seconds}}, got {costs!r} ({exc})'
+        ) from None
+    if not verify or min(verify) < 1 or min(verify.values()) <= 0 or (draft is not None and draft <= 0):
+        raise ConfigError(f"costs need widths k >= 1 and positive seconds, got {costs!r}")
+    return VerifyCurve(verify), draft
 
-    def __init__(self, parallel: bool, gamma_max: int = GAMMA_MAX):
+
+class Acceptance:
+    """α = (accepted + 1) / (checked + 2) over the rounds seen so far, each round's counts shrinking
+    by `DECAY` per later round. A round checked its accepted tokens plus the rejected one, if any."""
+
+    def __init__(self) -> None:
+        self.accepted = self.checked = 0.0
+        self.seen = 0  # rounds of the job's stats already counted
+
+    def update(self, stats: Stats) -> float:
+        rounds = zip(stats.accepted_per_round[self.seen :], stats.rejected_per_round[self.seen :])
+        for accepted, rejected in rounds:
+            self.accepted = self.accepted * DECAY + accepted
+            self.checked = self.checked * DECAY + accepted + int(rejected)
+        self.seen = len(stats.accepted_per_round)
+        return (self.accepted + 1) / (self.checked + 2)
+
+
+class AutoGamma:
+    """A scheduler's `gamma="auto"`: the verify curve, measured on its first call and then kept (or
+    given by `costs`), and a `GammaPlan` per job."""
+
+    def __init__(self, parallel: bool, gamma_max: int = GAMMA_MAX, costs: dict | None = None):
         self.parallel, self.gamma_max = parallel, gamma_max
         self.curve: VerifyCurve | None = None
+        self.t_draft: float | None = None  # fixed seconds per draft token (None: measured per call)
+        if costs is not None:
+            self.curve, self.t_draft = fixed_costs(costs)
 
     def calibrate(self, target: ModelSession, prefix: torch.Tensor) -> None:  # prefix [T]
         """Measure t_verify once (the first call with this scheduler); later calls keep the curve."""
@@ -118,10 +188,67 @@ class AutoGamma:
             widths = sorted({k for k in (1, 2, 4, 8) if k <= self.gamma_max} | {self.gamma_max + 1})
             self.curve = measure_verify_curve(target, prefix, widths)
 
-    def choose(self, stats: Stats, t_draft: float | None) -> int:
-        """This round's γ from the acceptance in `stats` and the draft's seconds per token."""
-        if self.curve is None or t_draft is None:
-            return min(GAMMA_START, self.gamma_max)
-        drafted = sum(stats.drafted_per_round)
-        alpha = (sum(stats.accepted_per_round) + 1) / (drafted + 2)
-        return best_gamma(self.curve, alpha, t_draft, self.parallel, self.gamma_max)
+    def plan(self, parallel: bool | None = None) -> GammaPlan:
+        """A new job's plan; `parallel`: whether its draft works while the target does (default: the
+        scheduler's kind)."""
+        return GammaPlan(self, self.parallel if parallel is None else parallel)
+
+
+class GammaPlan:
+    """One job's γ round by round, γ = 0 included (see the module doc), and a record of its choices."""
+
+    def __init__(self, auto: AutoGamma, parallel: bool):
+        self.auto, self.parallel = auto, parallel
+        self.acceptance = Acceptance()
+        self.idle = 0  # target-only steps left before the next probe round
+        self.probe_due = False
+        self.backoff = BACKOFF_START
+        self.target_steps = self.target_runs = self.probes = 0
+        self.last: dict = {}  # the last decision's inputs and predicted tokens/s
+
+    def next(self, stats: Stats, t_draft: float | None) -> int:
+        """γ for the next round (0: one step of the target alone), from `stats`' rounds so far and
+        the draft's measured seconds per token (None before the first)."""
+        auto = self.auto
+        if self.idle > 0:
+            self.idle -= 1
+            self.target_steps += 1
+            return 0
+        t_draft = auto.t_draft if auto.t_draft is not None else t_draft
+        if auto.curve is None or t_draft is None:
+            return min(GAMMA_START, auto.gamma_max)
+        alpha = self.acceptance.update(stats)
+        per_gamma = rates(auto.curve, alpha, t_draft, self.parallel, auto.gamma_max)
+        best = _best(per_gamma)
+        self.last = {
+            "alpha": alpha,
+            "t_decode": auto.curve(1),
+            "t_draft": t_draft,
+            "parallel": self.parallel,
+            "tokens_per_second": {"target alone": per_gamma[0], f"draft γ={best}": per_gamma[best]},
+        }
+        if self.probe_due:  # the wait is over: draft one round to measure the acceptance again
+            self.probe_due = False
+            self.probes += 1
+            return self._chose(max(best, min(GAMMA_START, auto.gamma_max)))
+        if per_gamma[best] >= per_gamma[0]:
+            self.backoff = BACKOFF_START
+            return self._chose(best)
+        self.target_runs += 1  # drafting loses: the target alone for `backoff` steps, then a probe
+        self.idle, self.probe_due = self.backoff - 1, True
+        self.backoff = min(2 * self.backoff, BACKOFF_MAX)
+        return self._chose(0)
+
+    def _chose(self, gamma: int) -> int:
+        self.last["gamma"] = gamma
+        self.target_steps += gamma == 0
+        return gamma
+
+    def record(self) -> dict:
+        """What the plan chose and why (for `Stats.plan`)."""
+        return {
+            "target_steps": self.target_steps,
+            "probes": self.probes,
+            "target_runs": self.target_runs,
+            **self.last,
+        }
