@@ -14,6 +14,7 @@ plus hippo with the draft on a thread (q's time hidden behind p's, its own cost 
 from __future__ import annotations
 
 import contextlib
+import json
 
 import attrs
 import pytest
@@ -255,3 +256,96 @@ def test_fixed_costs_need_no_calibration():
     assert auto.curve(1) == 2.0 and auto.t_draft is None
     auto.calibrate(None, torch.zeros(1, dtype=torch.long))  # the curve is kept: nothing is measured
     assert auto.curve(3) == pytest.approx(6.0)
+
+
+# ---- scheduler="auto" -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def auto_scheduler():
+    """`scheduler="auto"` registered (its entry point may not be installed yet); yields its module."""
+    from hippo_plugins import auto_scheduler as module
+
+    pm = hippo.plugin_manager()
+    registered = "auto" not in hm.names("schedulers")
+    if registered:
+        pm.register(module, name="test-planner-auto-scheduler")
+    try:
+        yield module
+    finally:
+        if registered:
+            pm.unregister(name="test-planner-auto-scheduler")
+
+
+def _auto_pipeline(target, draft, cache_dir):
+    return (
+        hippo.PipelineBuilder()
+        .target(target)
+        .draft(draft)
+        .selector("uniform", keep_ratio=0.5)
+        .scheduler("auto", cache_dir=str(cache_dir))
+        .build()
+    )
+
+
+def test_auto_is_lossless_and_says_what_it_chose(auto_scheduler, tmp_path):
+    target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
+    p = hm.Prompt.default(ADAPTER, target)
+    pipe = _auto_pipeline(target, draft, tmp_path)
+    for new in (1, 7, 30):
+        gen = {"do_sample": False, "max_new_tokens": new}
+        out = pipe.generate(p.inputs, **gen)
+        hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+        plan = out.stats.plan
+        assert plan["schedule"] in ("autoregressive", "serial", "hippo", "pearl") and plan["why"]
+        options = plan["tokens_per_second"]
+        drafting = [v for k, v in options.items() if k != "autoregressive" and v is not None]
+        assert plan["schedule"] == "autoregressive" or options[plan["schedule"]] == max(drafting)
+        assert plan["costs"]["t_decode"] > 0 and plan["costs"]["draft_pruned"] > 0
+    assert json.loads(json.dumps(out.stats.as_dict()))["plan"]["schedule"] == plan["schedule"]
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_auto_costs_are_measured_once_per_machine_and_pair(auto_scheduler, tmp_path, monkeypatch):
+    target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
+    p = hm.Prompt.default(ADAPTER, target)
+    gen = {"do_sample": False, "max_new_tokens": 5}
+    ref = hr.reference(target, p.inputs, **gen)
+    hr.assert_same(_auto_pipeline(target, draft, tmp_path).generate(p.inputs, **gen), ref, p.length)
+    (path,) = tmp_path.glob("*.json")
+    cached = json.loads(path.read_text())
+    assert cached["key"]["torch"] == torch.__version__ and set(cached["costs"]) == {"verify", "draft"}
+
+    calls = []
+    real = auto_scheduler.measure
+    monkeypatch.setattr(auto_scheduler, "measure", lambda *a: calls.append(1) or real(*a))
+    # a new pipeline on the same machine and pair reads the file
+    hr.assert_same(_auto_pipeline(target, draft, tmp_path).generate(p.inputs, **gen), ref, p.length)
+    assert calls == []
+    # a corrupt file is measured again and rewritten
+    path.write_text("{not json")
+    hr.assert_same(_auto_pipeline(target, draft, tmp_path).generate(p.inputs, **gen), ref, p.length)
+    assert calls == [1] and json.loads(path.read_text())["key"] == cached["key"]
+    # another draft (other parameters) is another key
+    other = hm.tiny(ADAPTER, "draft", 1)
+    hr.assert_same(_auto_pipeline(target, other, tmp_path).generate(p.inputs, **gen), ref, p.length)
+    assert calls == [1, 1] and len(list(tmp_path.glob("*.json"))) == 2
+
+
+def test_auto_runs_the_target_alone_where_no_draft_could_pay(auto_scheduler, tmp_path):
+    """Costs where a draft step costs as much as a target step and verifying 2 tokens twice as much:
+    even an always-right draft is slower, so the job is the target alone."""
+    target = hm.tiny(ADAPTER, "target")
+    p = hm.Prompt.default(ADAPTER, target)
+    pipe = _auto_pipeline(target, hm.tiny(ADAPTER, "draft"), tmp_path)
+    pipe.scheduler.costs = auto_scheduler.Costs({1: 1.0, 2: 2.0, 17: 17.0}, 1.0, 1.0)
+    gen = {"do_sample": False, "max_new_tokens": 9}
+    out = pipe.generate(p.inputs, **gen)
+    hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+    assert out.stats.plan["schedule"] == "autoregressive" and out.stats.rounds == 0
+    assert not list(tmp_path.glob("*.json"))  # nothing was measured
+    # a cheap draft on the same pipeline: drafting is chosen
+    pipe.scheduler.costs = auto_scheduler.Costs({1: 1.0, 2: 1.05, 17: 2.0}, 0.05, 0.05)
+    out = pipe.generate(p.inputs, **gen)
+    hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+    assert out.stats.plan["schedule"] != "autoregressive" and out.stats.rounds > 0
