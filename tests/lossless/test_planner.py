@@ -349,3 +349,38 @@ def test_auto_runs_the_target_alone_where_no_draft_could_pay(auto_scheduler, tmp
     out = pipe.generate(p.inputs, **gen)
     hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
     assert out.stats.plan["schedule"] != "autoregressive" and out.stats.rounds > 0
+
+
+# ---- hippo generate -v / --json -------------------------------------------------------------------
+
+
+def test_generate_verbose_and_json_say_what_was_chosen(tmp_path, capsys):
+    pytest.importorskip("av")
+    from tiny_checkpoint import save_checkpoint, write_video
+
+    from hippo_cli.main import main
+
+    target, draft = (
+        save_checkpoint(tmp_path / "target"),
+        save_checkpoint(tmp_path / "draft", role="draft", seed=1),
+    )
+    video = write_video(tmp_path / "v.mp4", n=8, fps=8, size=(64, 64))
+    args = ["generate", "--target", str(target), "--draft", str(draft), "--video", str(video)]
+    args += [
+        "--prompt",
+        "describe the video .",
+        "--frames",
+        "4",
+        "--max-pixels",
+        "3136",
+        "--max-new-tokens",
+        "12",
+    ]
+    args += ["--scheduler", "serial", "--gamma", "auto", "--keep-ratio", "0.25", "--no-progress"]
+    assert main([*args, "-v", "--json", str(tmp_path / "out.json")]) == 0
+    err = capsys.readouterr().err
+    assert "plan: γ per round: " in err and "predicted tokens/s: target alone " in err, err
+    plan = json.loads((tmp_path / "out.json").read_text())["stats"]["plan"]["gamma"]
+    assert plan["target_steps"] >= 0 and set(plan["tokens_per_second"]) >= {"target alone"}
+    assert main(args) == 0
+    assert "plan:" not in capsys.readouterr().err  # without -v nothing more is said
