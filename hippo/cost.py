@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -152,6 +153,12 @@ def fixed_costs(costs: dict) -> tuple[VerifyCurve, float | None]:
     if not verify or min(verify) < 1 or min(verify.values()) <= 0 or (draft is not None and draft <= 0):
         raise ConfigError(f"costs need widths k >= 1 and positive seconds, got {costs!r}")
     return VerifyCurve(verify), draft
+
+
+def costs_option(instance: Any, attribute: Any, value: dict | None) -> None:
+    """attrs validator of a scheduler's `costs` option (None: measure them)."""
+    if value is not None:
+        fixed_costs(value)
 
 
 class Acceptance:

@@ -27,7 +27,7 @@ import torch
 
 from hippo import hookimpl
 from hippo.config import gamma_option, positive_int
-from hippo.cost import GAMMA_START, AutoGamma, GammaPlan
+from hippo.cost import GAMMA_START, AutoGamma, GammaPlan, costs_option
 from hippo.executor import DraftFailure, DraftWorker, Executor
 from hippo.interfaces import Scheduler, make_config
 from hippo.job import DecodeJob
@@ -62,7 +62,8 @@ class ParallelConfig:
     early_scorer: str | None = None  # None: the selector alone (hippo: holistic without attention)
     early_scorer_options: dict = attrs.field(factory=dict)
     buffer_max: int = attrs.field(default=32, validator=positive_int)  # draft tokens buffered during prefill
-    costs: dict | None = None  # gamma="auto" on these costs, not measured ones (hippo.cost.fixed_costs)
+    # gamma="auto" on these costs, not measured ones (hippo.cost.fixed_costs)
+    costs: dict | None = attrs.field(default=None, validator=costs_option)
 
 
 class ParallelScheduler(Scheduler):

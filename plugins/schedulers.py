@@ -6,7 +6,7 @@ import attrs
 
 from hippo import hookimpl
 from hippo.config import gamma_option
-from hippo.cost import AutoGamma
+from hippo.cost import AutoGamma, costs_option
 from hippo.interfaces import Scheduler
 from hippo.job import DecodeJob
 
@@ -33,7 +33,7 @@ class SerialScheduler(Scheduler):
     @attrs.frozen
     class Config:
         gamma: int | str = attrs.field(default=5, validator=gamma_option)
-        costs: dict | None = None
+        costs: dict | None = attrs.field(default=None, validator=costs_option)
 
     def __init__(self, config=None):
         super().__init__(config)

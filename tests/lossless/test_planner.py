@@ -248,7 +248,9 @@ def test_bad_costs_are_refused_clearly(costs):
     with pytest.raises(ConfigError, match="costs"):
         AutoGamma(parallel=False, costs=costs)
     with pytest.raises(ConfigError, match="costs"):
-        lookup("schedulers", "serial").from_options(gamma="auto", costs=costs)
+        lookup("schedulers", "serial").from_options(gamma=5, costs=costs)  # checked even if unused
+    with pytest.raises(ConfigError, match="costs"):
+        lookup("schedulers", "hippo").from_options(gamma="auto", costs=costs)
 
 
 def test_fixed_costs_need_no_calibration():
