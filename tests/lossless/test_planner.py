@@ -305,6 +305,11 @@ def test_auto_is_lossless_and_says_what_it_chose(auto_scheduler, tmp_path):
         assert plan["schedule"] == "autoregressive" or options[plan["schedule"]] == max(drafting)
         assert plan["costs"]["t_decode"] > 0 and plan["costs"]["draft_pruned"] > 0
     assert json.loads(json.dumps(out.stats.as_dict()))["plan"]["schedule"] == plan["schedule"]
+    from hippo_cli.video_commands import plan_lines  # what `hippo generate -v` prints
+
+    lines = plan_lines(plan)
+    assert lines[0] == f"plan: schedule {plan['schedule']}: {plan['why']}"
+    assert "predicted tokens/s: autoregressive " in lines[1]
     assert len(list(tmp_path.glob("*.json"))) == 1
 
 
@@ -386,3 +391,36 @@ def test_generate_verbose_and_json_say_what_was_chosen(tmp_path, capsys):
     assert plan["target_steps"] >= 0 and set(plan["tokens_per_second"]) >= {"target alone"}
     assert main(args) == 0
     assert "plan:" not in capsys.readouterr().err  # without -v nothing more is said
+
+
+# ---- sampling -------------------------------------------------------------------------------------
+
+#: γ = 1 pays at the prior α = 1/2 (1.5 / 1.4 tokens per unit) and loses after one rejection (4/3 / 1.4)
+SWITCHY = {"verify": {1: 1.0, 2: 1.1, 17: 2.6}, "draft": 0.3}
+
+
+@pytest.mark.parametrize("scheduler", ["serial", "hippo"])
+def test_switching_samples_the_target_law(scheduler):
+    """Sampling with rounds and target-only steps mixed within each run: the target's exact law."""
+    from test_sampling import GEN, law_of, prompt, tv_threshold
+
+    target = hm.tiny(ADAPTER)
+    p, law, n = prompt(ADAPTER), law_of(ADAPTER), hs.law_runs()
+    with corrupting_plugin() as name:
+        pipe = hr.build_pipeline(
+            target,
+            target,
+            scheduler=scheduler,
+            gamma="auto",
+            keep_ratio=0.25,
+            drafter=name,
+            drafter_options={"wrong": (True,)},
+            executor={"costs": SWITCHY, **({} if scheduler == "serial" else INLINE)},
+        )
+        outs = [pipe.generate(p.inputs, seed=s, **GEN) for s in range(n)]
+    samples = [tuple(hr.new_tokens(o.sequences, p.length)) for o in outs]
+    assert sum(o.stats.target_steps > 0 and o.stats.rounds > 0 for o in outs) >= n // 4, "too few mixed runs"
+    impossible = sorted({s for s in samples if s not in law})
+    assert not impossible, f"sampled sequences the target cannot emit: {impossible[:5]}"
+    tv, bound = hr.total_variation(law, samples), tv_threshold(len(law), n)
+    assert tv <= bound, f"TV {tv:.4f} > {bound:.4f} over {n} runs ({len(law)} outcomes)"
