@@ -7,6 +7,8 @@ Notation: p = target, q = draft, γ = draft length, α = probability that a draf
   prefill (a few forwards of 1, 2, 4, ... tokens, each rolled back, so p's cache ends as it began);
   cached on the scheduler, so later calls pay nothing. t_decode = t_verify(1).
 - t_draft: seconds per draft token, as observed so far in this call.
+- A scheduler's `costs` option fixes t_verify (and t_draft, if given) instead of measuring them:
+  `scheduler="auto"` passes its cached measurements this way, and tests force the switches with it.
 - α: the acceptance seen so far in this call, recent rounds weighing more (`Acceptance`). A round
   checks its accepted tokens and, if it rejected, one more: the tokens after a rejection were never
   checked, so they are not counted as failures.
@@ -175,6 +177,10 @@ class Acceptance:
             self.accepted = self.accepted * DECAY + accepted
             self.checked = self.checked * DECAY + accepted + int(rejected)
         self.seen = len(stats.accepted_per_round)
+        return self.alpha
+
+    @property
+    def alpha(self) -> float:
         return (self.accepted + 1) / (self.checked + 2)
 
 

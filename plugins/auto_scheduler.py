@@ -208,7 +208,7 @@ class AutoScheduler(Scheduler):
         """(schedule, the record of why) for this job."""
         costs, g = self._costs(job), self.config.gamma_max
         overlap = choose_executor(job, usable_cores()) != ("inline", {"overlap": "off"})
-        alpha = (self.acceptance.accepted + 1) / (self.acceptance.checked + 2)
+        alpha = self.acceptance.alpha
         now = predict(costs, alpha, overlap, g)
         best_case = predict(costs, 1.0, overlap, g)
         offered = [n for n in DRAFTING if now[n] is not None]
