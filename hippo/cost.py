@@ -9,6 +9,9 @@ Notation: p = target, q = draft, γ = draft length, α = probability that a draf
 - t_draft: seconds per draft token, as observed so far in this call.
 - A scheduler's `costs` option fixes t_verify (and t_draft, if given) instead of measuring them:
   `scheduler="auto"` passes its cached measurements this way, and tests force the switches with it.
+- p's curve is measured once, q's t_draft live: where the load on the machine changes, the two
+  drift apart. The target-only steps are timed, and the median of the recent ones over the
+  calibrated t_decode rescales p's curve (`GammaPlan.scale`).
 - α: the acceptance seen so far in this call, recent rounds weighing more (`Acceptance`). A round
   checks its accepted tokens and, if it rejected, one more: the tokens after a rejection were never
   checked, so they are not counted as failures.
@@ -27,6 +30,7 @@ run with `gamma="auto"` is exact in law but not reproducible sample for sample.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +50,8 @@ DECAY = 0.8
 #: Target-only steps after drafting first loses; doubled after each probe that still loses, up to the max.
 BACKOFF_START = 4
 BACKOFF_MAX = 256
+#: target-only steps whose median time rescales p's calibrated curve (`GammaPlan.scale`)
+LIVE_STEPS = 16
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -81,25 +87,25 @@ def measure_verify_curve(
     session: ModelSession,
     prefix: torch.Tensor,  # [T] the sequence the session holds a prefix of
     widths: Sequence[int] = (1, 2, 4, 8, 16),
-    repeats: int = 2,
+    repeats: int = 3,
 ) -> VerifyCurve:
     """Time k-token forwards after the session's current length, rolling back after each.
 
-    The tokens fed are the prefix's last token repeated (their logits are thrown away). The
-    session ends at the length it began with; take it at p's prompt length, where a rollback
-    restores the prompt's logits.
+    The tokens fed are the prefix's last token repeated (their logits are thrown away). Each
+    width keeps its fastest of `repeats` passes over all widths, so a burst of load elsewhere on
+    the machine spoils one pass of every width rather than all of one width's. The session ends
+    at the length it began with; take it at p's prompt length, where a rollback restores the
+    prompt's logits.
     """
     length = session.length
     filler = prefix[-1:].cpu()  # [1]
-    seconds: dict[int, float] = {}
-    for k in widths:
-        best = float("inf")
-        for _ in range(repeats):
+    seconds = dict.fromkeys(widths, float("inf"))
+    for _ in range(repeats):
+        for k in widths:
             t0 = time.perf_counter()
             session.forward(filler.repeat(k))
-            best = min(best, time.perf_counter() - t0)
+            seconds[k] = min(seconds[k], time.perf_counter() - t0)
             session.rollback(length)
-        seconds[k] = best
     return VerifyCurve(seconds)
 
 
@@ -218,24 +224,31 @@ class GammaPlan:
         self.backoff = BACKOFF_START
         self.target_steps = self.target_runs = self.probes = 0
         self.last: dict = {}  # the last decision's inputs and predicted tokens/s
+        self.decode_seconds: list[float] = []  # the last LIVE_STEPS target-only steps, measured
+        self._mark: tuple[float, int] | None = None  # p's (seconds_decode, forwards) before a step
 
-    def next(self, stats: Stats, t_draft: float | None) -> int:
+    def next(self, stats: Stats, t_draft: float | None, target: ModelSession | None = None) -> int:
         """γ for the next round (0: one step of the target alone), from `stats`' rounds so far and
-        the draft's measured seconds per token (None before the first)."""
+        the draft's measured seconds per token (None before the first). `target` (p's session)
+        lets the plan time its target-only steps (`scale`)."""
         auto = self.auto
+        self._observe(target)
         if self.idle > 0:
             self.idle -= 1
-            self.target_steps += 1
-            return 0
+            return self._chose(0, target)
         t_draft = auto.t_draft if auto.t_draft is not None else t_draft
         if auto.curve is None or t_draft is None:
             return min(GAMMA_START, auto.gamma_max)
         alpha = self.acceptance.update(stats)
-        per_gamma = rates(auto.curve, alpha, t_draft, self.parallel, auto.gamma_max)
+        # p's curve times `scale` against q's live t_draft: the same as the curve against t_draft / scale
+        scale = self.scale
+        per_gamma = [
+            r / scale for r in rates(auto.curve, alpha, t_draft / scale, self.parallel, auto.gamma_max)
+        ]
         best = _best(per_gamma)
         self.last = {
             "alpha": alpha,
-            "t_decode": auto.curve(1),
+            "t_decode": auto.curve(1) * scale,
             "t_draft": t_draft,
             "parallel": self.parallel,
             "tokens_per_second": {"target alone": per_gamma[0], f"draft γ={best}": per_gamma[best]},
@@ -243,19 +256,39 @@ class GammaPlan:
         if self.probe_due:  # the wait is over: draft one round to measure the acceptance again
             self.probe_due = False
             self.probes += 1
-            return self._chose(max(best, min(GAMMA_START, auto.gamma_max)))
+            return self._chose(max(best, min(GAMMA_START, auto.gamma_max)), target)
         if per_gamma[best] >= per_gamma[0]:
             self.backoff = BACKOFF_START
-            return self._chose(best)
+            return self._chose(best, target)
         self.target_runs += 1  # drafting loses: the target alone for `backoff` steps, then a probe
         self.idle, self.probe_due = self.backoff - 1, True
         self.backoff = min(2 * self.backoff, BACKOFF_MAX)
-        return self._chose(0)
+        return self._chose(0, target)
 
-    def _chose(self, gamma: int) -> int:
+    def _chose(self, gamma: int, target: ModelSession | None) -> int:
         self.last["gamma"] = gamma
-        self.target_steps += gamma == 0
+        if gamma == 0:
+            self.target_steps += 1
+            if target is not None:
+                self._mark = (target.seconds_decode, target.forwards)
         return gamma
+
+    def _observe(self, target: ModelSession | None) -> None:
+        """Book the seconds of the target-only step just taken (one forward of one token)."""
+        if self._mark is not None and target is not None:
+            seconds, forwards = target.seconds_decode - self._mark[0], target.forwards - self._mark[1]
+            if forwards == 1 and seconds > 0:
+                self.decode_seconds = [*self.decode_seconds[1 - LIVE_STEPS :], seconds]
+        self._mark = None
+
+    @property
+    def scale(self) -> float:
+        """p's live step time over the calibrated t_decode: the median of the recent target-only
+        steps, so that p's calibrated curve and q's live t_draft compare under the same load (1
+        where t_draft is fixed too: `costs` then is the whole model)."""
+        if not self.decode_seconds or self.auto.curve is None or self.auto.t_draft is not None:
+            return 1.0
+        return statistics.median(self.decode_seconds) / self.auto.curve(1)
 
     def record(self) -> dict:
         """What the plan chose and why (for `Stats.plan`)."""
@@ -263,5 +296,6 @@ class GammaPlan:
             "target_steps": self.target_steps,
             "probes": self.probes,
             "target_runs": self.target_runs,
+            "scale": self.scale,
             **self.last,
         }

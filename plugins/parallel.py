@@ -87,7 +87,7 @@ class ParallelScheduler(Scheduler):
         drafted = sum(job.stats.drafted_per_round)
         per_draft = worker.seconds_decode / drafted if drafted and worker.seconds_decode > 0 else None
         if plan is not None:
-            gamma = plan.next(job.stats, per_draft)
+            gamma = plan.next(job.stats, per_draft, target)
             if gamma == 0:
                 return 0
         elif cfg.auto_gamma and per_draft and target.forwards:

@@ -51,7 +51,9 @@ class SerialScheduler(Scheduler):
             self.auto.calibrate(target, job.prefix())  # once per pipeline
             plan = self.auto.plan()
         while not job.done:
-            gamma = self.config.gamma if plan is None else plan.next(job.stats, draft.seconds_per_forward)
+            gamma = (
+                self.config.gamma if plan is None else plan.next(job.stats, draft.seconds_per_forward, target)
+            )
             if gamma == 0:  # the target alone; the draft catches up when it next proposes
                 job.target_step(target)
             else:

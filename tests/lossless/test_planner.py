@@ -424,3 +424,34 @@ def test_switching_samples_the_target_law(scheduler):
     assert not impossible, f"sampled sequences the target cannot emit: {impossible[:5]}"
     tv, bound = hr.total_variation(law, samples), tv_threshold(len(law), n)
     assert tv <= bound, f"TV {tv:.4f} > {bound:.4f} over {n} runs ({len(law)} outcomes)"
+
+
+class _Clock:
+    """A target session's timing counters, advanced by hand."""
+
+    def __init__(self) -> None:
+        self.seconds_decode, self.forwards = 0.0, 0
+
+    def step(self, seconds: float) -> None:
+        self.seconds_decode += seconds
+        self.forwards += 1
+
+
+@pytest.mark.parametrize(("step_seconds", "drafts_again"), [(1.0, False), (10.0, True)])
+def test_live_target_steps_rescale_the_calibrated_curve(step_seconds, drafts_again):
+    """p's curve was calibrated at t_decode = 1; q's t_draft = 0.2 is live. When p's target-only
+    steps now take 10 (the machine got busier), drafting is worth 10x more than the stale curve
+    says, and the plan drafts again after its probe although α has not changed."""
+    plan = AutoGamma(parallel=False, costs={"verify": COSTS["verify"]}).plan()
+    stats, target = Stats(), _Clock()
+    while (g := plan.next(stats, 0.2, target)) != 0:
+        _round(stats, g, 0)
+        target.step(1.0)
+    while g == 0:  # target-only steps, timed, until the probe
+        target.step(step_seconds)
+        g = plan.next(stats, 0.2, target)
+    assert plan.scale == pytest.approx(step_seconds)
+    assert plan.record()["t_decode"] == pytest.approx(step_seconds)
+    _round(stats, g, 0)  # the probe is rejected too
+    target.step(step_seconds)
+    assert (plan.next(stats, 0.2, target) > 0) is drafts_again
