@@ -6,8 +6,9 @@ Measured on the first job of a new machine + model pair (`measure`), with `hippo
 t_verify(k) of p for the widths a round may verify, and t_draft, one step of q on all visual tokens
 ("full") and on the pipeline's kept ones ("pruned"). They are cached in `<cache_dir>/<key>.json`
 (default ~/.cache/hippo/costs/), keyed by a fingerprint of the CPU (model and flags), the device,
-torch and transformers, and each model's config, dtype and parameters; a change of any of them is
-another key, and a file that cannot be read is measured again and rewritten.
+the thread count, torch and transformers, and each model's config and parameters (`model_digest`);
+a change of any of them is another key, and a file that cannot be read is measured again and
+rewritten.
 
 Each job then gets the schedule of the most predicted tokens/s (`predict`):
 - autoregressive, 1 / t_decode, chosen only when even a draft that is always right (α = 1) would lose;
@@ -67,13 +68,18 @@ def _cpu() -> str:
 
 
 def model_digest(model: torch.nn.Module) -> str:
-    """A hash of a model's config, dtypes and parameter values."""
+    """A hash of a model's config and of each tensor's name, dtype, shape, float64 sum and up to
+    4096 evenly spaced values: any retraining changes it, without hashing gigabytes of weights."""
     h = hashlib.sha256()
     config = getattr(model, "config", None)
     h.update((config.to_json_string() if config is not None else type(model).__name__).encode())
-    for name, t in model.state_dict().items():
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            flat = t.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // 4096)].cpu().contiguous()
+            total = float(torch.sum(flat, dtype=torch.float64)) if t.is_floating_point() else int(flat.sum())
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:{total!r}".encode())
+            h.update(sample.view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

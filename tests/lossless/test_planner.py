@@ -14,6 +14,7 @@ plus hippo with the draft on a thread (q's time hidden behind p's, its own cost 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 
 import attrs
@@ -455,3 +456,12 @@ def test_live_target_steps_rescale_the_calibrated_curve(step_seconds, drafts_aga
     _round(stats, g, 0)  # the probe is rejected too
     target.step(step_seconds)
     assert (plan.next(stats, 0.2, target) > 0) is drafts_again
+
+
+def test_the_model_digest_sees_one_changed_weight(auto_scheduler):
+    model = copy.deepcopy(hm.tiny(ADAPTER, "draft"))  # the tiny models are shared: change a copy
+    before = auto_scheduler.model_digest(model)
+    assert auto_scheduler.model_digest(model) == before
+    with torch.no_grad():
+        next(p for p in model.parameters() if p.numel() > 4096).view(-1)[1] += 1e-3  # off the sample
+    assert auto_scheduler.model_digest(model) != before
