@@ -100,6 +100,7 @@ class SimulatedDraftWorker(LocalDraftWorker):
     """
 
     overlapped = True  # on the virtual clock
+    virtual = True  # its seconds do not compare with the target session's real ones
 
     def __init__(self, job: DecodeJob, cfg: SimulatedExecutor.Config, clock: VirtualClock):
         super().__init__(job)

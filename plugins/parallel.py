@@ -87,7 +87,9 @@ class ParallelScheduler(Scheduler):
         drafted = sum(job.stats.drafted_per_round)
         per_draft = worker.seconds_decode / drafted if drafted and worker.seconds_decode > 0 else None
         if plan is not None:
-            gamma = plan.next(job.stats, per_draft, target)
+            # p's steps are timed against q's live seconds only where both are on the real clock
+            live = None if getattr(worker, "virtual", False) else target
+            gamma = plan.next(job.stats, per_draft, live)
             if gamma == 0:
                 return 0
         elif cfg.auto_gamma and per_draft and target.forwards:
