@@ -462,6 +462,13 @@ def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         "--json", metavar="FILE", help="write the answer, its token ids, all stats and settings as JSON"
     )
     o.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say what the planner chose and why (--scheduler auto, --gamma auto): the schedule, the "
+        "steps given to the target alone, and the predicted tokens/s of each option",
+    )
+    o.add_argument(
         "--timeline",
         metavar="FILE.png",
         help="draw a Gantt chart of the run (target and draft lanes: prefill, drafting, verification, idle)",

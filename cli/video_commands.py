@@ -256,6 +256,34 @@ def read_inputs(args: argparse.Namespace, ready: dict[str, Any], bars: StageBars
     return clip, audio
 
 
+def _rates(rates: dict[str, float | None]) -> str:
+    return ", ".join(f"{k} {v:.1f}" if v is not None else f"{k} not offered" for k, v in rates.items())
+
+
+def plan_lines(plan: dict[str, Any]) -> list[str]:
+    """`Stats.plan` in words: the schedule `auto` chose and γ's choices, with the predicted tokens/s."""
+    if not plan:
+        return ["plan: nothing was chosen (a fixed schedule and γ)"]
+    lines = []
+    if "schedule" in plan:
+        lines.append(f"plan: schedule {plan['schedule']}: {plan['why']}")
+        lines.append(f"  predicted tokens/s: {_rates(plan['tokens_per_second'])}")
+        lines.append(f"  if the draft were always right: {_rates(plan['tokens_per_second_if_always_right'])}")
+    g = plan.get("gamma")
+    if g:
+        lines.append(
+            f"plan: γ per round: {g['target_steps']} steps of the target alone in {g['target_runs']} runs, "
+            f"{g['probes']} probes of the draft"
+        )
+        if "alpha" in g:
+            lines.append(
+                f"  last choice γ = {g['gamma']} at α {g['alpha']:.2f}, t_decode {g['t_decode'] * 1e3:.2f} ms, "
+                f"t_draft {g['t_draft'] * 1e3:.2f} ms ({'beside' if g['parallel'] else 'after'} the target); "
+                f"predicted tokens/s: {_rates(g['tokens_per_second'])}"
+            )
+    return lines
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     cfg = pipeline_config(args)
     builder = PipelineBuilder.from_config(cfg)  # names and options are validated here
@@ -284,6 +312,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         new = out.sequences[0, L:].tolist()
         s = out.stats
         say(f"[{s.scheduler}] {s.summary()}")
+        if args.verbose:
+            for line in plan_lines(s.plan):
+                say(line)
         if args.timeline:
             from hippo_benchmarks.timeline import draw_timeline
 

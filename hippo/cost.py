@@ -1,35 +1,57 @@
-"""γ from a cost model (`gamma="auto"`): the draft length that maximises expected tokens per second.
+"""γ from a cost model (`gamma="auto"`): the draft length that maximises expected tokens per second,
+γ = 0 (the target alone) included.
 
 Notation: p = target, q = draft, γ = draft length, α = probability that a draft token is accepted.
 
 - t_verify(k): seconds of one k-token forward of p, measured once per pipeline right after p's first
   prefill (a few forwards of 1, 2, 4, ... tokens, each rolled back, so p's cache ends as it began);
-  cached on the scheduler, so later calls pay nothing.
+  cached on the scheduler, so later calls pay nothing. t_decode = t_verify(1).
 - t_draft: seconds per draft token, as observed so far in this call.
-- α: the acceptance seen so far in this call, (accepted + 1) / (drafted + 2) (a uniform prior).
+- A scheduler's `costs` option fixes t_verify (and t_draft, if given) instead of measuring them:
+  `scheduler="auto"` passes its cached measurements this way, and tests force the switches with it.
+- p's curve is measured once, q's t_draft live: where the load on the machine changes, the two
+  drift apart. The target-only steps are timed, and the median of the recent ones over the
+  calibrated t_decode rescales p's curve (`GammaPlan.scale`).
+- α: the acceptance seen so far in this call, recent rounds weighing more (`Acceptance`). A round
+  checks its accepted tokens and, if it rejected, one more: the tokens after a rejection were never
+  checked, so they are not counted as failures.
 - A round of γ i.i.d.-accepted drafts emits E(γ) = (1 - α^(γ+1)) / (1 - α) tokens (Leviathan et
-  al.). It costs γ·t_draft + t_verify(γ+1) when q and p take turns (`serial`), and
-  max(γ·t_draft, t_verify(γ+1)) when q drafts while p verifies (`pearl`, `hippo`).
+  al.). It costs γ·t_draft + t_verify(γ+1) when q and p take turns (`serial`, or a parallel schedule
+  whose executor runs them one after the other), and max(γ·t_draft, t_verify(γ+1)) when q drafts
+  while p verifies (`pearl`, `hippo` beside a draft thread or process).
+- γ = 0 emits one token per t_decode. When no γ >= 1 is expected to beat it, the job decodes with
+  the target alone for a few steps, then drafts one probe round to see whether the draft agrees
+  better now; each probe that still loses doubles the wait (`BACKOFF_START` .. `BACKOFF_MAX` steps).
 
-Any γ is exact (the verification decides what is emitted), so this only changes speed. Since γ
-depends on measured times, a seeded sampling run with `gamma="auto"` is exact in law but not
-reproducible sample for sample.
+Any γ is exact (the verification decides what is emitted, and a target-only step is a plain
+decoding step), so this only changes speed. Since γ depends on measured times, a seeded sampling
+run with `gamma="auto"` is exact in law but not reproducible sample for sample.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from hippo.errors import ConfigError
 from hippo.interfaces import ModelSession
 from hippo.types import Stats
 
 #: The longest draft a `gamma="auto"` round asks for.
 GAMMA_MAX = 16
-#: γ before anything about the draft's speed is known.
+#: γ before anything about the draft's speed is known, and of a probe round after target-only steps.
 GAMMA_START = 5
+#: Each round's weight in α shrinks by this factor with every later round (about the last 5 rounds count).
+DECAY = 0.8
+#: Target-only steps after drafting first loses; doubled after each probe that still loses, up to the max.
+BACKOFF_START = 4
+BACKOFF_MAX = 256
+#: target-only steps whose median time rescales p's calibrated curve (`GammaPlan.scale`)
+LIVE_STEPS = 16
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -65,26 +87,45 @@ def measure_verify_curve(
     session: ModelSession,
     prefix: torch.Tensor,  # [T] the sequence the session holds a prefix of
     widths: Sequence[int] = (1, 2, 4, 8, 16),
-    repeats: int = 2,
+    repeats: int = 3,
 ) -> VerifyCurve:
     """Time k-token forwards after the session's current length, rolling back after each.
 
-    The tokens fed are the prefix's last token repeated (their logits are thrown away). The
-    session ends at the length it began with; take it at p's prompt length, where a rollback
-    restores the prompt's logits.
+    The tokens fed are the prefix's last token repeated (their logits are thrown away). Each
+    width keeps its fastest of `repeats` passes over all widths, so a burst of load elsewhere on
+    the machine spoils one pass of every width rather than all of one width's. The session ends
+    at the length it began with; take it at p's prompt length, where a rollback restores the
+    prompt's logits.
     """
     length = session.length
     filler = prefix[-1:].cpu()  # [1]
-    seconds: dict[int, float] = {}
-    for k in widths:
-        best = float("inf")
-        for _ in range(repeats):
+    seconds = dict.fromkeys(widths, float("inf"))
+    for _ in range(repeats):
+        for k in widths:
             t0 = time.perf_counter()
             session.forward(filler.repeat(k))
-            best = min(best, time.perf_counter() - t0)
+            seconds[k] = min(seconds[k], time.perf_counter() - t0)
             session.rollback(length)
-        seconds[k] = best
     return VerifyCurve(seconds)
+
+
+def round_seconds(curve: VerifyCurve, t_draft: float, gamma: int, parallel: bool) -> float:
+    """Seconds of one round: γ drafts and their verification; γ = 0, one step of the target alone."""
+    if gamma == 0:
+        return curve(1)
+    draft, verify = gamma * t_draft, curve(gamma + 1)
+    return max(draft, verify) if parallel else draft + verify
+
+
+def rates(
+    curve: VerifyCurve, alpha: float, t_draft: float, parallel: bool, gamma_max: int = GAMMA_MAX
+) -> list[float]:
+    """Expected tokens per second of each γ in 0..gamma_max (index γ; 0 = the target alone)."""
+    out = []
+    for g in range(gamma_max + 1):
+        seconds = round_seconds(curve, t_draft, g, parallel)
+        out.append(expected_tokens(alpha, g) / seconds if seconds > 0 else float(g + 1))
+    return out
 
 
 def best_gamma(
@@ -95,22 +136,70 @@ def best_gamma(
     gamma_max: int = GAMMA_MAX,
 ) -> int:
     """The γ in 1..gamma_max with the most expected tokens per second (the smallest on ties)."""
-    best, best_rate = 1, -1.0
-    for g in range(1, gamma_max + 1):
-        draft, verify = g * t_draft, curve(g + 1)
-        seconds = max(draft, verify) if parallel else draft + verify
-        rate = expected_tokens(alpha, g) / seconds if seconds > 0 else float(g + 1)
-        if rate > best_rate * (1 + 1e-9):
-            best, best_rate = g, rate
+    return _best(rates(curve, alpha, t_draft, parallel, gamma_max))
+
+
+def _best(per_gamma: list[float]) -> int:  # the γ >= 1 of the highest rate, the smallest on ties
+    best = 1
+    for g in range(2, len(per_gamma)):
+        if per_gamma[g] > per_gamma[best] * (1 + 1e-9):
+            best = g
     return best
 
 
-class AutoGamma:
-    """A scheduler's `gamma="auto"`: the curve is measured on its first call and then cached."""
+def fixed_costs(costs: dict) -> tuple[VerifyCurve, float | None]:
+    """A scheduler's `costs` option, {"verify": {k: seconds}, "draft": seconds per draft token}
+    ("draft" optional: measured during the call if left out), as (t_verify curve, t_draft)."""
+    try:
+        verify = {int(k): float(v) for k, v in costs["verify"].items()}
+        draft = costs.get("draft")
+        draft = None if draft is None else float(draft)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(
+            f'costs must be {{"verify": {{k: seconds}}, "draft": seconds}}, got {costs!r} ({exc})'
+        ) from None
+    if not verify or min(verify) < 1 or min(verify.values()) <= 0 or (draft is not None and draft <= 0):
+        raise ConfigError(f"costs need widths k >= 1 and positive seconds, got {costs!r}")
+    return VerifyCurve(verify), draft
 
-    def __init__(self, parallel: bool, gamma_max: int = GAMMA_MAX):
+
+def costs_option(instance: Any, attribute: Any, value: dict | None) -> None:
+    """attrs validator of a scheduler's `costs` option (None: measure them)."""
+    if value is not None:
+        fixed_costs(value)
+
+
+class Acceptance:
+    """α = (accepted + 1) / (checked + 2) over the rounds seen so far, each round's counts shrinking
+    by `DECAY` per later round. A round checked its accepted tokens plus the rejected one, if any."""
+
+    def __init__(self) -> None:
+        self.accepted = self.checked = 0.0
+        self.seen = 0  # rounds of the job's stats already counted
+
+    def update(self, stats: Stats) -> float:
+        rounds = zip(stats.accepted_per_round[self.seen :], stats.rejected_per_round[self.seen :])
+        for accepted, rejected in rounds:
+            self.accepted = self.accepted * DECAY + accepted
+            self.checked = self.checked * DECAY + accepted + int(rejected)
+        self.seen = len(stats.accepted_per_round)
+        return self.alpha
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + 1) / (self.checked + 2)
+
+
+class AutoGamma:
+    """A scheduler's `gamma="auto"`: the verify curve, measured on its first call and then kept (or
+    given by `costs`), and a `GammaPlan` per job."""
+
+    def __init__(self, parallel: bool, gamma_max: int = GAMMA_MAX, costs: dict | None = None):
         self.parallel, self.gamma_max = parallel, gamma_max
         self.curve: VerifyCurve | None = None
+        self.t_draft: float | None = None  # fixed seconds per draft token (None: measured per call)
+        if costs is not None:
+            self.curve, self.t_draft = fixed_costs(costs)
 
     def calibrate(self, target: ModelSession, prefix: torch.Tensor) -> None:  # prefix [T]
         """Measure t_verify once (the first call with this scheduler); later calls keep the curve."""
@@ -118,10 +207,95 @@ class AutoGamma:
             widths = sorted({k for k in (1, 2, 4, 8) if k <= self.gamma_max} | {self.gamma_max + 1})
             self.curve = measure_verify_curve(target, prefix, widths)
 
-    def choose(self, stats: Stats, t_draft: float | None) -> int:
-        """This round's γ from the acceptance in `stats` and the draft's seconds per token."""
-        if self.curve is None or t_draft is None:
-            return min(GAMMA_START, self.gamma_max)
-        drafted = sum(stats.drafted_per_round)
-        alpha = (sum(stats.accepted_per_round) + 1) / (drafted + 2)
-        return best_gamma(self.curve, alpha, t_draft, self.parallel, self.gamma_max)
+    def plan(self, parallel: bool | None = None) -> GammaPlan:
+        """A new job's plan; `parallel`: whether its draft works while the target does (default: the
+        scheduler's kind)."""
+        return GammaPlan(self, self.parallel if parallel is None else parallel)
+
+
+class GammaPlan:
+    """One job's γ round by round, γ = 0 included (see the module doc), and a record of its choices."""
+
+    def __init__(self, auto: AutoGamma, parallel: bool):
+        self.auto, self.parallel = auto, parallel
+        self.acceptance = Acceptance()
+        self.idle = 0  # target-only steps left before the next probe round
+        self.probe_due = False
+        self.backoff = BACKOFF_START
+        self.target_steps = self.target_runs = self.probes = 0
+        self.last: dict = {}  # the last decision's inputs and predicted tokens/s
+        self.decode_seconds: list[float] = []  # the last LIVE_STEPS target-only steps, measured
+        self._mark: tuple[float, int] | None = None  # p's (seconds_decode, forwards) before a step
+
+    def next(self, stats: Stats, t_draft: float | None, target: ModelSession | None = None) -> int:
+        """γ for the next round (0: one step of the target alone), from `stats`' rounds so far and
+        the draft's measured seconds per token (None before the first). `target` (p's session)
+        lets the plan time its target-only steps (`scale`)."""
+        auto = self.auto
+        self._observe(target)
+        if self.idle > 0:
+            self.idle -= 1
+            return self._chose(0, target)
+        t_draft = auto.t_draft if auto.t_draft is not None else t_draft
+        if auto.curve is None or t_draft is None:
+            return min(GAMMA_START, auto.gamma_max)
+        alpha = self.acceptance.update(stats)
+        # p's curve times `scale` against q's live t_draft: the same as the curve against t_draft / scale
+        scale = self.scale
+        per_gamma = [
+            r / scale for r in rates(auto.curve, alpha, t_draft / scale, self.parallel, auto.gamma_max)
+        ]
+        best = _best(per_gamma)
+        self.last = {
+            "alpha": alpha,
+            "t_decode": auto.curve(1) * scale,
+            "t_draft": t_draft,
+            "parallel": self.parallel,
+            "tokens_per_second": {"target alone": per_gamma[0], f"draft γ={best}": per_gamma[best]},
+        }
+        if self.probe_due:  # the wait is over: draft one round to measure the acceptance again
+            self.probe_due = False
+            self.probes += 1
+            return self._chose(max(best, min(GAMMA_START, auto.gamma_max)), target)
+        if per_gamma[best] >= per_gamma[0]:
+            self.backoff = BACKOFF_START
+            return self._chose(best, target)
+        self.target_runs += 1  # drafting loses: the target alone for `backoff` steps, then a probe
+        self.idle, self.probe_due = self.backoff - 1, True
+        self.backoff = min(2 * self.backoff, BACKOFF_MAX)
+        return self._chose(0, target)
+
+    def _chose(self, gamma: int, target: ModelSession | None) -> int:
+        self.last["gamma"] = gamma
+        if gamma == 0:
+            self.target_steps += 1
+            if target is not None:
+                self._mark = (target.seconds_decode, target.forwards)
+        return gamma
+
+    def _observe(self, target: ModelSession | None) -> None:
+        """Book the seconds of the target-only step just taken (one forward of one token)."""
+        if self._mark is not None and target is not None:
+            seconds, forwards = target.seconds_decode - self._mark[0], target.forwards - self._mark[1]
+            if forwards == 1 and seconds > 0:
+                self.decode_seconds = [*self.decode_seconds[1 - LIVE_STEPS :], seconds]
+        self._mark = None
+
+    @property
+    def scale(self) -> float:
+        """p's live step time over the calibrated t_decode: the median of the recent target-only
+        steps, so that p's calibrated curve and q's live t_draft compare under the same load (1
+        where t_draft is fixed too: `costs` then is the whole model)."""
+        if not self.decode_seconds or self.auto.curve is None or self.auto.t_draft is not None:
+            return 1.0
+        return statistics.median(self.decode_seconds) / self.auto.curve(1)
+
+    def record(self) -> dict:
+        """What the plan chose and why (for `Stats.plan`)."""
+        return {
+            "target_steps": self.target_steps,
+            "probes": self.probes,
+            "target_runs": self.target_runs,
+            "scale": self.scale,
+            **self.last,
+        }

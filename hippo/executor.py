@@ -47,6 +47,8 @@ class DraftWorker(ABC):
     seconds_decode: float = 0.0
     #: seconds the draft spent working while the target was also working (hidden draft time)
     seconds_overlapped: float = 0.0
+    #: the draft works while the target does (a thread, a process); False: one after the other
+    overlapped: bool = True
 
     @abstractmethod
     def prefill(self, keep: torch.Tensor | None) -> None:  # keep [K] kept visual indices

@@ -185,6 +185,11 @@ class Stats:
     seconds_draft_overlapped: float = 0.0  # draft work done while the target was busy (hidden)
     seconds_compile: float = 0.0  # first forwards of compiled static-cache sessions (in the decode seconds)
     fallback: bool = False  # the draft failed and the target finished alone
+    #: decoding steps of the target alone that `gamma="auto"` chose (γ = 0: drafting was losing)
+    target_steps: int = 0
+    #: what the planner chose and why: γ's inputs (α, t_decode, t_draft) and the predicted tokens/s of
+    #: each option; under `scheduler="auto"`, also the schedule and each schedule's prediction
+    plan: dict = attrs.Factory(dict)
     scheduler: str = ""
     notes: list[str] = attrs.Factory(list)
     #: hippo.events.Event of each piece of work, in time order (seconds since the call began);

@@ -31,6 +31,8 @@ class LocalDraftWorker(DraftWorker):
     """The job's draft side in this thread, sharing the job's policy. Drafting runs at `submit`;
     `stop` only trims (see subclasses)."""
 
+    overlapped = False
+
     def __init__(self, job: DecodeJob):
         self.side = DraftSide.for_job(job)
         self._pending: DraftProposal | None = None
@@ -96,6 +98,9 @@ class SimulatedDraftWorker(LocalDraftWorker):
 
     Its seconds (prefill, decode, overlapped) are virtual, so they compare with each other.
     """
+
+    overlapped = True  # on the virtual clock
+    virtual = True  # its seconds do not compare with the target session's real ones
 
     def __init__(self, job: DecodeJob, cfg: SimulatedExecutor.Config, clock: VirtualClock):
         super().__init__(job)

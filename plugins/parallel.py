@@ -27,7 +27,7 @@ import torch
 
 from hippo import hookimpl
 from hippo.config import gamma_option, positive_int
-from hippo.cost import AutoGamma
+from hippo.cost import GAMMA_START, AutoGamma, GammaPlan, costs_option
 from hippo.executor import DraftFailure, DraftWorker, Executor
 from hippo.interfaces import Scheduler, make_config
 from hippo.job import DecodeJob
@@ -62,6 +62,8 @@ class ParallelConfig:
     early_scorer: str | None = None  # None: the selector alone (hippo: holistic without attention)
     early_scorer_options: dict = attrs.field(factory=dict)
     buffer_max: int = attrs.field(default=32, validator=positive_int)  # draft tokens buffered during prefill
+    # gamma="auto" on these costs, not measured ones (hippo.cost.fixed_costs)
+    costs: dict | None = attrs.field(default=None, validator=costs_option)
 
 
 class ParallelScheduler(Scheduler):
@@ -71,19 +73,25 @@ class ParallelScheduler(Scheduler):
         super().__init__(config)
         cfg = self.config
         self.executor: Executor = lookup("executors", cfg.executor).from_options(**cfg.executor_options)
-        self.auto = AutoGamma(parallel=True, gamma_max=cfg.gamma_max) if cfg.gamma == "auto" else None
+        auto = cfg.gamma == "auto"
+        self.auto = AutoGamma(parallel=True, gamma_max=cfg.gamma_max, costs=cfg.costs) if auto else None
         self.early_scorer = None
         if cfg.early_scorer is not None:
             self.early_scorer = lookup("scorers", cfg.early_scorer).from_options(**cfg.early_scorer_options)
 
     # ---- γ ------------------------------------------------------------------------------------
-    def _gamma(self, job: DecodeJob, worker: DraftWorker, target) -> int:
+    def _gamma(self, job: DecodeJob, worker: DraftWorker, target, plan: GammaPlan | None) -> int:
+        """This round's γ; 0 (only from `plan`, under gamma="auto") = a step of the target alone."""
         cfg = self.config
         gamma = cfg.gamma
         drafted = sum(job.stats.drafted_per_round)
         per_draft = worker.seconds_decode / drafted if drafted and worker.seconds_decode > 0 else None
-        if self.auto is not None:
-            gamma = self.auto.choose(job.stats, per_draft)
+        if plan is not None:
+            # p's steps are timed against q's live seconds only where both are on the real clock
+            live = None if getattr(worker, "virtual", False) else target
+            gamma = plan.next(job.stats, per_draft, live)
+            if gamma == 0:
+                return 0
         elif cfg.auto_gamma and per_draft and target.forwards:
             per_verify = target.seconds_decode / target.forwards
             gamma = max(1, min(cfg.gamma_max, round(per_verify / per_draft)))
@@ -136,17 +144,25 @@ class ParallelScheduler(Scheduler):
     def run(self, job: DecodeJob) -> None:
         ex = self.executor
         worker = ex.open(job)
-        target = None
+        target = plan = None
         try:
             target, unverified = self._start(job, worker)
             if self.auto is not None:
                 self.auto.calibrate(target, job.prefix())  # once per pipeline
+                # q's time counts beside p's only where q works while p does (a thread or a process)
+                plan = self.auto.plan(parallel=worker.overlapped)
             if unverified is None:
                 job.first_token(target)
             while not job.done:
-                gamma = self._gamma(job, worker, target)
+                gamma = self._gamma(job, worker, target, plan)
                 prefix = job.prefix()
-                if unverified is None:  # conservative / pre-verify
+                if gamma == 0:  # the target alone; the draft is idle and catches up at its next submit
+                    if unverified is not None:  # drafted already: verify it, drafting nothing beside
+                        self._verify_batch(job, target, unverified, GAMMA_START)
+                        unverified = None
+                    else:
+                        ex.target("verify", job.target_step, target)
+                elif unverified is None:  # conservative / pre-verify
                     worker.submit(prefix, 1)
                     x1 = worker.collect()
                     if gamma > 1:
@@ -176,6 +192,9 @@ class ParallelScheduler(Scheduler):
             while not job.done:
                 job.target_step(target)
         finally:
+            if plan is not None:
+                job.stats.target_steps = plan.target_steps
+                job.stats.plan["gamma"] = plan.record()
             job.stats.seconds_draft_prefill += worker.seconds_prefill
             job.stats.seconds_draft_decode += worker.seconds_decode
             job.stats.seconds_draft_overlapped += worker.seconds_overlapped

@@ -6,7 +6,7 @@ import attrs
 
 from hippo import hookimpl
 from hippo.config import gamma_option
-from hippo.cost import AutoGamma
+from hippo.cost import AutoGamma, costs_option
 from hippo.interfaces import Scheduler
 from hippo.job import DecodeJob
 
@@ -25,16 +25,20 @@ class AutoregressiveScheduler(Scheduler):
 class SerialScheduler(Scheduler):
     """Draft γ tokens, verify them in one target pass, crop both caches to the accepted length.
 
-    `gamma="auto"` chooses each round's γ with the cost model (`hippo.cost`).
+    `gamma="auto"` chooses each round's γ with the cost model (`hippo.cost`), γ = 0 included: a
+    step of the target alone while drafting is expected to lose. `costs` fixes the model's costs
+    instead of measuring them ({"verify": {k: seconds}, "draft": seconds per draft token}).
     """
 
     @attrs.frozen
     class Config:
         gamma: int | str = attrs.field(default=5, validator=gamma_option)
+        costs: dict | None = attrs.field(default=None, validator=costs_option)
 
     def __init__(self, config=None):
         super().__init__(config)
-        self.auto = AutoGamma(parallel=False) if self.config.gamma == "auto" else None
+        cfg = self.config
+        self.auto = AutoGamma(parallel=False, costs=cfg.costs) if cfg.gamma == "auto" else None
 
     def run(self, job: DecodeJob) -> None:
         target = job.prefill_target()
@@ -42,15 +46,21 @@ class SerialScheduler(Scheduler):
         if job.done:
             return
         draft = job.draft_side()
+        plan = None
         if self.auto is not None:
             self.auto.calibrate(target, job.prefix())  # once per pipeline
+            plan = self.auto.plan()
         while not job.done:
             gamma = (
-                self.config.gamma
-                if self.auto is None
-                else self.auto.choose(job.stats, draft.seconds_per_forward)
+                self.config.gamma if plan is None else plan.next(job.stats, draft.seconds_per_forward, target)
             )
-            job.verify_round(target, draft.propose(job.prefix(), min(gamma, job.remaining - 1)))
+            if gamma == 0:  # the target alone; the draft catches up when it next proposes
+                job.target_step(target)
+            else:
+                job.verify_round(target, draft.propose(job.prefix(), min(gamma, job.remaining - 1)))
+        if plan is not None:
+            job.stats.target_steps = plan.target_steps
+            job.stats.plan["gamma"] = plan.record()
 
 
 @hookimpl

@@ -1,0 +1,256 @@
+"""`scheduler="auto"`: the schedule and γ chosen from costs measured once per machine and model pair.
+
+Notation: p = target, q = draft, γ = draft length, α = the probability a draft token is accepted.
+
+Measured on the first job of a new machine + model pair (`measure`), with `hippo.cost`'s calibration:
+t_verify(k) of p for the widths a round may verify, and t_draft, one step of q on all visual tokens
+("full") and on the pipeline's kept ones ("pruned"). They are cached in `<cache_dir>/<key>.json`
+(default ~/.cache/hippo/costs/), keyed by a fingerprint of the CPU (model and flags), the device,
+the thread count, torch and transformers, and each model's config and parameters (`model_digest`);
+a change of any of them is another key, and a file that cannot be read is measured again and
+rewritten.
+
+Each job then gets the schedule of the most predicted tokens/s (`predict`):
+- autoregressive, 1 / t_decode, chosen only when even a draft that is always right (α = 1) would lose;
+- serial: q and p take turns; pearl and hippo: q drafts while p verifies, which they can only do
+  where the auto executor gives the draft its own thread or process (else they are not offered);
+  hippo (pearl + the draft's prefill beside p's, and aborts) is preferred to pearl on a tie;
+at the α seen in this pipeline's earlier jobs (1/2 before the first). The chosen drafting schedule
+runs with `gamma="auto"` on the cached curve, so it still re-chooses γ each round, γ = 0 (the target
+alone) included. `Stats.plan` records the choice and each option's prediction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+import transformers
+
+from hippo import hookimpl
+from hippo.config import positive_int
+from hippo.cost import GAMMA_MAX, Acceptance, VerifyCurve, measure_verify_curve, rates
+from hippo.draft import DraftSide
+from hippo.interfaces import Scheduler
+from hippo.job import DecodeJob
+from hippo.registry import lookup
+from hippo_plugins.auto_executor import choose as choose_executor
+from hippo_plugins.auto_executor import usable_cores
+from hippo_plugins.thread_worker import model_device
+
+#: the drafting schedules `auto` may run, in order of preference on equal predictions
+DRAFTING = ("serial", "hippo", "pearl")
+#: the cache's format; a file of another version is measured again
+VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hippo" / "costs"
+
+
+def _cpu() -> str:
+    """The CPU's model name and instruction-set flags (what decides which kernels run)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return f"{fields.get('model name', '')} | {fields.get('flags', '')}"
+
+
+def model_digest(model: torch.nn.Module) -> str:
+    """A hash of a model's config and of each tensor's name, dtype, shape, float64 sum and up to
+    4096 evenly spaced values: any retraining changes it, without hashing gigabytes of weights."""
+    h = hashlib.sha256()
+    config = getattr(model, "config", None)
+    h.update((config.to_json_string() if config is not None else type(model).__name__).encode())
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            flat = t.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // 4096)].cpu().contiguous()
+            total = float(torch.sum(flat, dtype=torch.float64)) if t.is_floating_point() else int(flat.sum())
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:{total!r}".encode())
+            h.update(sample.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def fingerprint(target: torch.nn.Module, draft: torch.nn.Module) -> dict[str, Any]:
+    """What the measured costs depend on: the machine, the libraries, the models."""
+    return {
+        "version": VERSION,
+        "cpu": _cpu(),
+        "device": [str(model_device(target)), str(model_device(draft))],
+        "cuda": torch.cuda.get_device_name(model_device(target))
+        if model_device(target).type == "cuda"
+        else None,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "target": model_digest(target),
+        "draft": model_digest(draft) if draft is not target else "the target",
+    }
+
+
+@attrs.frozen
+class Costs:
+    """Measured seconds: t_verify(k) of p, and one step of q on all / the kept visual tokens."""
+
+    verify: dict[int, float]
+    draft_full: float
+    draft_pruned: float
+
+    @property
+    def curve(self) -> VerifyCurve:
+        return VerifyCurve(self.verify)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verify": {str(k): v for k, v in self.verify.items()},
+            "draft": [self.draft_full, self.draft_pruned],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Costs:
+        verify = {int(k): float(v) for k, v in d["verify"].items()}
+        full, pruned = (float(x) for x in d["draft"])
+        if not verify or min(verify.values()) <= 0 or full <= 0 or pruned <= 0:
+            raise ValueError("non-positive seconds")
+        return cls(verify, full, pruned)
+
+
+def load(path: Path, key: dict[str, Any]) -> Costs | None:
+    """The cached costs at `path` if they were measured for `key`; None if absent, stale or corrupt."""
+    try:
+        d = json.loads(path.read_text())
+        return Costs.from_json(d["costs"]) if d["key"] == key else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def save(path: Path, key: dict[str, Any], costs: Costs) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": key, "costs": costs.to_json()}, indent=1))
+    os.replace(tmp, path)  # atomic: another process never reads half a file
+
+
+def measure(job: DecodeJob, gamma_max: int) -> Costs:
+    """Time p's forwards of 1, 2, 4, 8 and γ_max + 1 tokens and q's one-token step, on all and on the
+    kept visual tokens; every session ends as it began (the job then runs as usual)."""
+    target = job.prefill_target()
+    prefix = job.prefix()  # [T] the prompt
+    widths = sorted({k for k in (1, 2, 4, 8) if k <= gamma_max} | {gamma_max + 1})
+    verify = measure_verify_curve(target, prefix, widths, repeats=3).seconds
+    side = DraftSide.for_job(job)
+    try:
+        draft = {}
+        for name, keep in (("full", None), ("pruned", job.prune())):
+            side.prefill(keep)
+            draft[name] = measure_verify_curve(side.session, prefix, (1,), repeats=5)(1)
+    finally:
+        side.close()
+    return Costs(verify, draft["full"], draft["pruned"])
+
+
+def predict(costs: Costs, alpha: float, overlap: bool, gamma_max: int) -> dict[str, float | None]:
+    """Predicted tokens/s of each schedule at acceptance α (None: not offered on this job)."""
+    curve, t_draft = costs.curve, costs.draft_pruned
+    serial = rates(curve, alpha, t_draft, False, gamma_max)
+    parallel = max(rates(curve, alpha, t_draft, True, gamma_max)[1:]) if overlap else None
+    return {
+        "autoregressive": serial[0],
+        "serial": max(serial[1:]),
+        "hippo": parallel,
+        "pearl": parallel,
+    }
+
+
+class AutoScheduler(Scheduler):
+    """Measures the machine once, then runs each job with the schedule predicted fastest (module doc)."""
+
+    @attrs.frozen
+    class Config:
+        gamma_max: int = attrs.field(default=GAMMA_MAX, validator=positive_int)
+        cache_dir: str | None = None  # None: ~/.cache/hippo/costs (XDG_CACHE_HOME)
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.costs: Costs | None = None
+        self.acceptance = Acceptance()  # across this pipeline's jobs
+        self._schedulers: dict[str, Scheduler] = {}
+
+    def _costs(self, job: DecodeJob) -> Costs:
+        if self.costs is None:
+            p = job.pipeline
+            key = fingerprint(p.target_adapter.model, p.draft_adapter.model)
+            name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+            path = Path(self.config.cache_dir or default_cache_dir()) / f"{name}.json"
+            self.costs = load(path, key)
+            if self.costs is None:
+                self.costs = measure(job, self.config.gamma_max)
+                save(path, key, self.costs)
+        return self.costs
+
+    def _scheduler(self, name: str) -> Scheduler:
+        if name not in self._schedulers:
+            options: dict[str, Any] = {}
+            if name != "autoregressive":
+                options = {"gamma": "auto", "costs": {"verify": self.costs.verify}}
+                if name != "serial":
+                    options["gamma_max"] = self.config.gamma_max
+            self._schedulers[name] = lookup("schedulers", name).from_options(**options)
+        return self._schedulers[name]
+
+    def choose(self, job: DecodeJob) -> tuple[str, dict[str, Any]]:
+        """(schedule, the record of why) for this job."""
+        costs, g = self._costs(job), self.config.gamma_max
+        overlap = choose_executor(job, usable_cores()) != ("inline", {"overlap": "off"})
+        alpha = self.acceptance.alpha
+        now = predict(costs, alpha, overlap, g)
+        best_case = predict(costs, 1.0, overlap, g)
+        offered = [n for n in DRAFTING if now[n] is not None]
+        if max(best_case[n] for n in offered) < now["autoregressive"]:
+            name, why = (
+                "autoregressive",
+                "even a draft that is always right would be slower than the target alone",
+            )
+        else:
+            name = max(offered, key=lambda n: now[n])  # the first of DRAFTING on a tie
+            why = f"the most predicted tokens/s of the drafting schedules at α = {alpha:.2f}"
+            if now[name] < now["autoregressive"]:
+                why += "; slower than the target alone there, so γ = 0 decodes with it, probing the draft"
+        record = {
+            "schedule": name,
+            "why": why,
+            "alpha": alpha,
+            "draft_overlaps_target": overlap,
+            "tokens_per_second": now,
+            "tokens_per_second_if_always_right": best_case,
+            "costs": {"t_decode": costs.verify[min(costs.verify)], **attrs.asdict(costs)},
+        }
+        return name, record
+
+    def run(self, job: DecodeJob) -> None:
+        name, record = self.choose(job)
+        job.stats.plan.update(record)
+        self._scheduler(name).run(job)
+        self.acceptance.update(job.stats)  # continues across jobs: the next job's α
+        self.acceptance.seen = 0
+
+    def close(self) -> None:
+        for s in self._schedulers.values():
+            s.close()
+
+
+@hookimpl
+def hippo_register_schedulers():
+    return {"auto": AutoScheduler}

@@ -1,0 +1,467 @@
+"""γ = 0 under `gamma="auto"`: the planner decodes with the target alone while drafting loses, probes
+again with a back-off, and the output stays exactly the target's (float64, `target.generate`).
+
+The costs are fixed (`costs=`), so the switches are forced and do not depend on this machine's
+timing: drafting pays at the prior α = 1/2 and loses once the draft is seen to be wrong. Drafters:
+- always wrong: the corrupting drafter replaces every round's first draft token;
+- always right: the target drafting for itself on all its visual tokens;
+- flipping: wrong, then right from the `FLIPS[0]`-th new token, wrong again from the `FLIPS[1]`-th,
+  so the planner stops drafting, probes, drafts again and stops again.
+Serial, and pearl / hippo with the inline executor (one after the other: q's time adds to p's),
+plus hippo with the draft on a thread (q's time hidden behind p's, its own cost curve).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+
+import attrs
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hippo
+from hippo.cost import BACKOFF_MAX, BACKOFF_START, GAMMA_START, AutoGamma, GammaPlan
+from hippo.errors import ConfigError
+from hippo.interfaces import Drafter
+from hippo.registry import lookup
+from hippo.testing import models as hm
+from hippo.testing import reference as hr
+from hippo.testing import strategies as hs
+from hippo.testing.drafters import corrupting_plugin
+from hippo.types import DraftProposal, Stats
+
+ADAPTER = "qwen2_5_vl"
+NEW = 64
+FLIPS = (10, 30)
+#: t_decode 1, t_verify(2) 1.1, t_draft 0.2: taking turns, γ = 1 pays while α > 0.18, so it pays at
+#: the prior 1/2 and loses once a few rounds have rejected their first token
+COSTS = {"verify": {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.7, 17: 2.6}, "draft": 0.2}
+#: beside a draft thread the draft's time is hidden: drafting loses only on a steep verify curve
+STEEP = {"verify": {1: 1.0, 2: 1.5, 4: 2.5, 8: 4.5, 17: 9.0}, "draft": 0.2}
+INLINE = {"executor": "inline", "executor_options": {"overlap": "off"}}
+THREAD = {"executor": "inline", "executor_options": {"overlap": "thread"}}
+FLIPPING = "test-planner-flipping"
+
+
+class FlippingDrafter(Drafter):
+    """The chain drafter whose first token of a round is wrong (greedy only: w = x + 1 mod V) until
+    the prefix holds `flips[0]` new tokens, right until `flips[1]`, wrong until `flips[2]`, ..."""
+
+    @attrs.frozen
+    class Config:
+        flips: tuple[int, ...] = attrs.field(default=FLIPS, converter=tuple)
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.base = lookup("drafters", "chain")()
+
+    def propose(self, session, prefix, gamma, policy, should_stop=None) -> DraftProposal:  # prefix [T]
+        prop = self.base.propose(session, prefix, gamma, policy, should_stop)
+        new = prefix.shape[0] - session.prompt_length
+        if prop.gamma == 0 or sum(new >= f for f in self.config.flips) % 2:
+            return prop
+        tokens = prop.tokens.clone()  # [γ]
+        tokens[0] = (tokens[0] + 1) % int(session.last_logits.shape[-1])
+        return DraftProposal(tokens=tokens)
+
+
+class _FlippingPlugin:
+    @hippo.hookimpl
+    def hippo_register_drafters(self):
+        return {FLIPPING: FlippingDrafter}
+
+
+@contextlib.contextmanager
+def drafter(kind: str):
+    """(drafter name, options, separate draft model?) for "wrong", "right" or "flip"."""
+    if kind == "wrong":
+        with corrupting_plugin() as name:
+            yield name, {"wrong": (True,)}
+    elif kind == "right":
+        yield "chain", {}
+    else:
+        pm, plugin = hippo.plugin_manager(), _FlippingPlugin()
+        pm.register(plugin, name=FLIPPING)
+        try:
+            yield FLIPPING, {}
+        finally:
+            pm.unregister(plugin=plugin)
+
+
+def modes(out) -> str:
+    """After the first token, each target event as "D" (a verification: drafting) or "T" (a step of
+    the target alone), runs collapsed: e.g. "DTDT"."""
+    kinds = [e.kind for e in out.stats.events if e.lane == "target" and e.kind in ("verify", "step")]
+    seq = "".join("D" if k == "verify" else "T" for k in kinds[1:])
+    return "".join(c for i, c in enumerate(seq) if i == 0 or c != seq[i - 1])
+
+
+def run(scheduler: str, kind: str, executor: dict | None = None, costs: dict = COSTS, own_draft=False):
+    target = hm.tiny(ADAPTER, "target")
+    p = hm.Prompt.default(ADAPTER, target)
+    gen = {"do_sample": False, "max_new_tokens": NEW}
+    ref = hr.reference(target, p.inputs, **gen)
+    with drafter(kind) as (name, options):
+        pipe = hr.build_pipeline(
+            target,
+            hm.tiny(ADAPTER, "draft") if own_draft else target,  # a thread needs a model of its own
+            scheduler=scheduler,
+            gamma="auto",
+            keep_ratio=1.0,
+            drafter=name,
+            drafter_options=options,
+            executor={"costs": costs, **({} if scheduler == "serial" else executor or INLINE)},
+        )
+        out = pipe.generate(p.inputs, timeline=True, **gen)
+    hr.assert_same(out, ref, p.length)
+    assert len(hr.new_tokens(ref, p.length)) == NEW, "the reference stopped early: the test needs all NEW"
+    return out
+
+
+@pytest.mark.parametrize("scheduler", ["serial", "pearl", "hippo"])
+def test_a_wrong_draft_hands_decoding_to_the_target(scheduler):
+    out = run(scheduler, "wrong")
+    s = out.stats
+    assert s.target_steps >= NEW // 2, s.plan
+    assert not any(s.accepted_per_round)
+    plan = s.plan["gamma"]
+    assert plan["target_steps"] == s.target_steps and plan["probes"] >= 2
+    assert plan["gamma"] == 0 and plan["tokens_per_second"]["target alone"] == 1.0
+    assert modes(out).startswith("DT")
+
+
+@pytest.mark.parametrize("scheduler", ["serial", "pearl", "hippo"])
+def test_a_right_draft_keeps_drafting(scheduler):
+    s = run(scheduler, "right").stats
+    assert s.target_steps == 0 and s.plan["gamma"]["target_runs"] == 0
+    assert s.acceptance_rate == 1.0 and s.plan["gamma"]["gamma"] >= 1
+
+
+@pytest.mark.parametrize("scheduler", ["serial", "pearl", "hippo"])
+def test_a_flipping_draft_switches_both_ways(scheduler):
+    out = run(scheduler, "flip")
+    s = out.stats
+    assert "DTDT" in modes(out), modes(out)
+    assert s.target_steps > 0 and s.plan["gamma"]["probes"] >= 1
+    assert any(s.accepted_per_round), "drafting resumed after the target-only steps and was accepted"
+
+
+def test_beside_a_draft_thread_the_costs_overlap():
+    """q's time is hidden: on `COSTS` a round of γ = 1 costs max(0.2, 1.1) against 1.0 for the target
+    alone, so drafting stays ahead at any α > 0.1, where the estimate stays even when every draft is
+    wrong; on a steep curve drafting loses again."""
+    gentle = run("hippo", "wrong", THREAD, COSTS, own_draft=True).stats
+    assert gentle.plan["gamma"]["parallel"] is True and gentle.target_steps == 0
+    steep = run("hippo", "wrong", THREAD, STEEP, own_draft=True).stats
+    assert steep.plan["gamma"]["parallel"] is True and steep.target_steps > 0
+
+
+@settings(max_examples=hs.examples(0.25))
+@given(
+    scheduler=st.sampled_from(["serial", "pearl", "hippo"]),
+    flips=st.lists(st.integers(0, 40), max_size=4).map(sorted),
+    new=st.integers(1, 40),
+    verify2=st.floats(1.0, 2.0),
+    draft=st.floats(0.01, 1.0),
+)
+def test_any_switching_is_lossless(scheduler, flips, new, verify2, draft):
+    """Any costs, any flips, any budget: the target's own output, whatever is chosen."""
+    target = hm.tiny(ADAPTER, "target")
+    p = hm.Prompt.default(ADAPTER, target)
+    gen = {"do_sample": False, "max_new_tokens": new}
+    costs = {"verify": {1: 1.0, 2: verify2, 17: verify2 * 4}, "draft": draft}
+    with drafter("flip") as (name, _):
+        pipe = hr.build_pipeline(
+            target,
+            hm.tiny(ADAPTER, "draft"),
+            scheduler=scheduler,
+            gamma="auto",
+            keep_ratio=0.5,
+            drafter=name,
+            drafter_options={"flips": flips},
+            executor={"costs": costs, **({} if scheduler == "serial" else INLINE)},
+        )
+        out = pipe.generate(p.inputs, **gen)
+    hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+
+
+# ---- the plan itself ------------------------------------------------------------------------------
+
+
+def _round(stats: Stats, gamma: int, accepted: int) -> None:
+    stats.record_round(gamma, accepted, accepted + 1, accepted < gamma)
+
+
+def test_the_back_off_doubles_and_resets():
+    """Wrong drafts: target-only runs of 4, 8, 16, ... steps, each followed by one probe round of
+    γ >= GAMMA_START; a probe that is fully accepted brings drafting back and the back-off resets."""
+    plan = AutoGamma(parallel=False, costs=COSTS).plan()
+    stats = Stats()
+    choices = []
+    for _ in range(200):
+        g = plan.next(stats, None)
+        choices.append(g)
+        if g:
+            _round(stats, g, 0)
+    runs, count = [], 0
+    for g in choices:
+        if g == 0:
+            count += 1
+        elif count:
+            runs.append(count)
+            count = 0
+    assert runs[:4] == [BACKOFF_START, 2 * BACKOFF_START, 4 * BACKOFF_START, 8 * BACKOFF_START], runs
+    assert max(runs) <= BACKOFF_MAX
+    probes = [g for prev, g in zip(choices, choices[1:]) if prev == 0 and g]
+    assert probes and min(probes) >= GAMMA_START
+    # a probe that is all accepted: drafting pays again at once, and a later loss waits BACKOFF_START
+    while (g := plan.next(stats, None)) == 0:
+        pass
+    _round(stats, g, g)
+    assert plan.next(stats, None) >= 1
+    assert plan.backoff == BACKOFF_START
+
+
+def test_acceptance_counts_only_checked_tokens():
+    """α counts the tokens verification checked: one round of γ = 8 rejecting the second token
+    checked two tokens (1 accepted), not eight."""
+    plan = GammaPlan(AutoGamma(parallel=False, costs=COSTS), parallel=False)
+    stats = Stats()
+    _round(stats, 8, 1)
+    assert plan.acceptance.update(stats) == pytest.approx((1 + 1) / (2 + 2))
+
+
+@pytest.mark.parametrize(
+    "costs",
+    [
+        {"draft": 0.1},
+        {"verify": {}},
+        {"verify": {0: 1.0}},
+        {"verify": {1: -1.0}},
+        {"verify": {1: 1}, "draft": 0},
+    ],
+)
+def test_bad_costs_are_refused_clearly(costs):
+    with pytest.raises(ConfigError, match="costs"):
+        AutoGamma(parallel=False, costs=costs)
+    with pytest.raises(ConfigError, match="costs"):
+        lookup("schedulers", "serial").from_options(gamma=5, costs=costs)  # checked even if unused
+    with pytest.raises(ConfigError, match="costs"):
+        lookup("schedulers", "hippo").from_options(gamma="auto", costs=costs)
+
+
+def test_fixed_costs_need_no_calibration():
+    auto = AutoGamma(parallel=True, costs={"verify": {"1": 2.0}})  # keys as JSON gives them
+    assert auto.curve(1) == 2.0 and auto.t_draft is None
+    auto.calibrate(None, torch.zeros(1, dtype=torch.long))  # the curve is kept: nothing is measured
+    assert auto.curve(3) == pytest.approx(6.0)
+
+
+# ---- scheduler="auto" -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def auto_scheduler():
+    """`scheduler="auto"` registered (its entry point may not be installed yet); yields its module."""
+    from hippo_plugins import auto_scheduler as module
+
+    pm = hippo.plugin_manager()
+    registered = "auto" not in hm.names("schedulers")
+    if registered:
+        pm.register(module, name="test-planner-auto-scheduler")
+    try:
+        yield module
+    finally:
+        if registered:
+            pm.unregister(name="test-planner-auto-scheduler")
+
+
+def _auto_pipeline(target, draft, cache_dir):
+    return (
+        hippo.PipelineBuilder()
+        .target(target)
+        .draft(draft)
+        .selector("uniform", keep_ratio=0.5)
+        .scheduler("auto", cache_dir=str(cache_dir))
+        .build()
+    )
+
+
+def test_auto_is_lossless_and_says_what_it_chose(auto_scheduler, tmp_path):
+    target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
+    p = hm.Prompt.default(ADAPTER, target)
+    pipe = _auto_pipeline(target, draft, tmp_path)
+    for new in (1, 7, 30):
+        gen = {"do_sample": False, "max_new_tokens": new}
+        out = pipe.generate(p.inputs, **gen)
+        hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+        plan = out.stats.plan
+        assert plan["schedule"] in ("autoregressive", "serial", "hippo", "pearl") and plan["why"]
+        options = plan["tokens_per_second"]
+        drafting = [v for k, v in options.items() if k != "autoregressive" and v is not None]
+        assert plan["schedule"] == "autoregressive" or options[plan["schedule"]] == max(drafting)
+        assert plan["costs"]["t_decode"] > 0 and plan["costs"]["draft_pruned"] > 0
+    assert json.loads(json.dumps(out.stats.as_dict()))["plan"]["schedule"] == plan["schedule"]
+    from hippo_cli.video_commands import plan_lines  # what `hippo generate -v` prints
+
+    lines = plan_lines(plan)
+    assert lines[0] == f"plan: schedule {plan['schedule']}: {plan['why']}"
+    assert "predicted tokens/s: autoregressive " in lines[1]
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_auto_costs_are_measured_once_per_machine_and_pair(auto_scheduler, tmp_path, monkeypatch):
+    target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
+    p = hm.Prompt.default(ADAPTER, target)
+    gen = {"do_sample": False, "max_new_tokens": 5}
+    ref = hr.reference(target, p.inputs, **gen)
+    hr.assert_same(_auto_pipeline(target, draft, tmp_path).generate(p.inputs, **gen), ref, p.length)
+    (path,) = tmp_path.glob("*.json")
+    cached = json.loads(path.read_text())
+    assert cached["key"]["torch"] == torch.__version__ and set(cached["costs"]) == {"verify", "draft"}
+
+    calls = []
+    real = auto_scheduler.measure
+    monkeypatch.setattr(auto_scheduler, "measure", lambda *a: calls.append(1) or real(*a))
+    # a new pipeline on the same machine and pair reads the file
+    hr.assert_same(_auto_pipeline(target, draft, tmp_path).generate(p.inputs, **gen), ref, p.length)
+    assert calls == []
+    # a corrupt file is measured again and rewritten
+    path.write_text("{not json")
+    hr.assert_same(_auto_pipeline(target, draft, tmp_path).generate(p.inputs, **gen), ref, p.length)
+    assert calls == [1] and json.loads(path.read_text())["key"] == cached["key"]
+    # another draft (other parameters) is another key
+    other = hm.tiny(ADAPTER, "draft", 1)
+    hr.assert_same(_auto_pipeline(target, other, tmp_path).generate(p.inputs, **gen), ref, p.length)
+    assert calls == [1, 1] and len(list(tmp_path.glob("*.json"))) == 2
+
+
+def test_auto_runs_the_target_alone_where_no_draft_could_pay(auto_scheduler, tmp_path):
+    """Costs where a draft step costs as much as a target step and verifying 2 tokens twice as much:
+    even an always-right draft is slower, so the job is the target alone."""
+    target = hm.tiny(ADAPTER, "target")
+    p = hm.Prompt.default(ADAPTER, target)
+    pipe = _auto_pipeline(target, hm.tiny(ADAPTER, "draft"), tmp_path)
+    pipe.scheduler.costs = auto_scheduler.Costs({1: 1.0, 2: 2.0, 17: 17.0}, 1.0, 1.0)
+    gen = {"do_sample": False, "max_new_tokens": 9}
+    out = pipe.generate(p.inputs, **gen)
+    hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+    assert out.stats.plan["schedule"] == "autoregressive" and out.stats.rounds == 0
+    assert not list(tmp_path.glob("*.json"))  # nothing was measured
+    # a cheap draft on the same pipeline: drafting is chosen
+    pipe.scheduler.costs = auto_scheduler.Costs({1: 1.0, 2: 1.05, 17: 2.0}, 0.05, 0.05)
+    out = pipe.generate(p.inputs, **gen)
+    hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+    assert out.stats.plan["schedule"] != "autoregressive" and out.stats.rounds > 0
+
+
+# ---- hippo generate -v / --json -------------------------------------------------------------------
+
+
+def test_generate_verbose_and_json_say_what_was_chosen(tmp_path, capsys):
+    pytest.importorskip("av")
+    from tiny_checkpoint import save_checkpoint, write_video
+
+    from hippo_cli.main import main
+
+    target, draft = (
+        save_checkpoint(tmp_path / "target"),
+        save_checkpoint(tmp_path / "draft", role="draft", seed=1),
+    )
+    video = write_video(tmp_path / "v.mp4", n=8, fps=8, size=(64, 64))
+    args = ["generate", "--target", str(target), "--draft", str(draft), "--video", str(video)]
+    args += [
+        "--prompt",
+        "describe the video .",
+        "--frames",
+        "4",
+        "--max-pixels",
+        "3136",
+        "--max-new-tokens",
+        "12",
+    ]
+    args += ["--scheduler", "serial", "--gamma", "auto", "--keep-ratio", "0.25", "--no-progress"]
+    assert main([*args, "-v", "--json", str(tmp_path / "out.json")]) == 0
+    err = capsys.readouterr().err
+    assert "plan: γ per round: " in err and "predicted tokens/s: target alone " in err, err
+    plan = json.loads((tmp_path / "out.json").read_text())["stats"]["plan"]["gamma"]
+    assert plan["target_steps"] >= 0 and set(plan["tokens_per_second"]) >= {"target alone"}
+    assert main(args) == 0
+    assert "plan:" not in capsys.readouterr().err  # without -v nothing more is said
+
+
+# ---- sampling -------------------------------------------------------------------------------------
+
+#: γ = 1 pays at the prior α = 1/2 (1.5 / 1.4 tokens per unit) and loses after one rejection (4/3 / 1.4)
+SWITCHY = {"verify": {1: 1.0, 2: 1.1, 17: 2.6}, "draft": 0.3}
+
+
+@pytest.mark.parametrize("scheduler", ["serial", "hippo"])
+def test_switching_samples_the_target_law(scheduler):
+    """Sampling with rounds and target-only steps mixed within each run: the target's exact law."""
+    from test_sampling import GEN, law_of, prompt, tv_threshold
+
+    target = hm.tiny(ADAPTER)
+    p, law, n = prompt(ADAPTER), law_of(ADAPTER), hs.law_runs()
+    with corrupting_plugin() as name:
+        pipe = hr.build_pipeline(
+            target,
+            target,
+            scheduler=scheduler,
+            gamma="auto",
+            keep_ratio=0.25,
+            drafter=name,
+            drafter_options={"wrong": (True,)},
+            executor={"costs": SWITCHY, **({} if scheduler == "serial" else INLINE)},
+        )
+        outs = [pipe.generate(p.inputs, seed=s, **GEN) for s in range(n)]
+    samples = [tuple(hr.new_tokens(o.sequences, p.length)) for o in outs]
+    assert sum(o.stats.target_steps > 0 and o.stats.rounds > 0 for o in outs) >= n // 4, "too few mixed runs"
+    impossible = sorted({s for s in samples if s not in law})
+    assert not impossible, f"sampled sequences the target cannot emit: {impossible[:5]}"
+    tv, bound = hr.total_variation(law, samples), tv_threshold(len(law), n)
+    assert tv <= bound, f"TV {tv:.4f} > {bound:.4f} over {n} runs ({len(law)} outcomes)"
+
+
+class _Clock:
+    """A target session's timing counters, advanced by hand."""
+
+    def __init__(self) -> None:
+        self.seconds_decode, self.forwards = 0.0, 0
+
+    def step(self, seconds: float) -> None:
+        self.seconds_decode += seconds
+        self.forwards += 1
+
+
+@pytest.mark.parametrize(("step_seconds", "drafts_again"), [(1.0, False), (10.0, True)])
+def test_live_target_steps_rescale_the_calibrated_curve(step_seconds, drafts_again):
+    """p's curve was calibrated at t_decode = 1; q's t_draft = 0.2 is live. When p's target-only
+    steps now take 10 (the machine got busier), drafting is worth 10x more than the stale curve
+    says, and the plan drafts again after its probe although α has not changed."""
+    plan = AutoGamma(parallel=False, costs={"verify": COSTS["verify"]}).plan()
+    stats, target = Stats(), _Clock()
+    while (g := plan.next(stats, 0.2, target)) != 0:
+        _round(stats, g, 0)
+        target.step(1.0)
+    while g == 0:  # target-only steps, timed, until the probe
+        target.step(step_seconds)
+        g = plan.next(stats, 0.2, target)
+    assert plan.scale == pytest.approx(step_seconds)
+    assert plan.record()["t_decode"] == pytest.approx(step_seconds)
+    _round(stats, g, 0)  # the probe is rejected too
+    target.step(step_seconds)
+    assert (plan.next(stats, 0.2, target) > 0) is drafts_again
+
+
+def test_the_model_digest_sees_one_changed_weight(auto_scheduler):
+    model = copy.deepcopy(hm.tiny(ADAPTER, "draft"))  # the tiny models are shared: change a copy
+    before = auto_scheduler.model_digest(model)
+    assert auto_scheduler.model_digest(model) == before
+    with torch.no_grad():
+        next(p for p in model.parameters() if p.numel() > 4096).view(-1)[1] += 1e-3  # off the sample
+    assert auto_scheduler.model_digest(model) != before
