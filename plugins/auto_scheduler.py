@@ -35,8 +35,17 @@ import transformers
 
 from hippo import hookimpl
 from hippo.config import positive_int
-from hippo.cost import GAMMA_MAX, Acceptance, VerifyCurve, measure_verify_curve, rates
+from hippo.cost import (
+    GAMMA_MAX,
+    Acceptance,
+    VerifyCurve,
+    costs_option,
+    fixed_costs,
+    measure_verify_curve,
+    rates,
+)
 from hippo.draft import DraftSide
+from hippo.errors import ConfigError
 from hippo.interfaces import Scheduler
 from hippo.job import DecodeJob
 from hippo.registry import lookup
@@ -181,10 +190,18 @@ class AutoScheduler(Scheduler):
     class Config:
         gamma_max: int = attrs.field(default=GAMMA_MAX, validator=positive_int)
         cache_dir: str | None = None  # None: ~/.cache/hippo/costs (XDG_CACHE_HOME)
+        #: fixed costs instead of measuring them, as serial/pearl/hippo take them:
+        #: {"verify": {k: seconds}, "draft": seconds per draft step} (the cache is then not used)
+        costs: dict | None = attrs.field(default=None, validator=costs_option)
 
     def __init__(self, config=None):
         super().__init__(config)
         self.costs: Costs | None = None
+        if self.config.costs is not None:
+            curve, draft = fixed_costs(self.config.costs)
+            if draft is None:
+                raise ConfigError('scheduler "auto": fixed costs need the draft\'s seconds too ("draft")')
+            self.costs = Costs(curve.seconds, draft, draft)
         self.acceptance = Acceptance()  # across this pipeline's jobs
         self._schedulers: dict[str, Scheduler] = {}
 

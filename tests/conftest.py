@@ -21,6 +21,7 @@ The lossless harness is hippo.testing (installed with hippo); its pytest plugin 
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -55,6 +56,9 @@ settings.load_profile(os.environ.get(PROFILE_ENV, "dev"))
 # The tiny models are far too small for intra-op threads to pay off; on a shared 2-core machine
 # thread contention made them about 10x slower. One thread keeps the suite fast and steady.
 torch.set_num_threads(1)
+
+# scheduler="auto" caches its measured costs under $XDG_CACHE_HOME/hippo: keep the suite's apart
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hippo-tests-cache-")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

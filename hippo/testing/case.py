@@ -26,6 +26,9 @@ ALL_EXECUTORS = (*EXECUTORS, "process")
 #: dtypes a case's tiny pair may have: float64 (exact), float32 (the packed linear weights are live)
 DTYPES = ("float64", "float32")
 TIMING_NAMES = ("target_prefill", "target_forward", "draft_prefill", "draft_forward")
+#: fixed costs for a scheduler that plans itself: verifying is flat and drafting nearly free, so it
+#: drafts (its switches to the target alone are tested with their own costs in test_planner.py)
+DRAFTING_PAYS = {"verify": {1: 1e-3, 17: 1e-3}, "draft": 1e-6}
 _PROMPTS: dict[tuple, Prompt] = {}
 
 
@@ -156,6 +159,8 @@ class Case:
             b.drafter(drafter)
         b.verifier(verifier)
         auto = options_for("schedulers", scheduler, gamma=self.gamma)
+        if not auto:  # a scheduler that plans its own γ (`auto`): costs under which drafting pays
+            auto = options_for("schedulers", scheduler, costs=DRAFTING_PAYS)
         if "executor" in options_for("schedulers", scheduler, executor="x"):
             auto.update(self.executor_options(executor))
         return b.scheduler(scheduler, **{**auto, **scheduler_options})

@@ -343,18 +343,23 @@ def test_auto_costs_are_measured_once_per_machine_and_pair(auto_scheduler, tmp_p
 def test_auto_runs_the_target_alone_where_no_draft_could_pay(auto_scheduler, tmp_path):
     """Costs where a draft step costs as much as a target step and verifying 2 tokens twice as much:
     even an always-right draft is slower, so the job is the target alone."""
-    target = hm.tiny(ADAPTER, "target")
+    target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
     p = hm.Prompt.default(ADAPTER, target)
-    pipe = _auto_pipeline(target, hm.tiny(ADAPTER, "draft"), tmp_path)
-    pipe.scheduler.costs = auto_scheduler.Costs({1: 1.0, 2: 2.0, 17: 17.0}, 1.0, 1.0)
+
+    def pipe_with(costs):
+        b = hippo.PipelineBuilder().target(target).draft(draft).selector("uniform", keep_ratio=0.5)
+        return b.scheduler("auto", cache_dir=str(tmp_path), costs=costs).build()
+
+    with pytest.raises(ConfigError, match="draft"):
+        pipe_with({"verify": {1: 1.0}})  # fixed costs need the draft's too
+    pipe = pipe_with({"verify": {1: 1.0, 2: 2.0, 17: 17.0}, "draft": 1.0})
     gen = {"do_sample": False, "max_new_tokens": 9}
     out = pipe.generate(p.inputs, **gen)
     hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
     assert out.stats.plan["schedule"] == "autoregressive" and out.stats.rounds == 0
     assert not list(tmp_path.glob("*.json"))  # nothing was measured
     # a cheap draft on the same pipeline: drafting is chosen
-    pipe.scheduler.costs = auto_scheduler.Costs({1: 1.0, 2: 1.05, 17: 2.0}, 0.05, 0.05)
-    out = pipe.generate(p.inputs, **gen)
+    out = pipe_with({"verify": {1: 1.0, 2: 1.05, 17: 2.0}, "draft": 0.05}).generate(p.inputs, **gen)
     hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
     assert out.stats.plan["schedule"] != "autoregressive" and out.stats.rounds > 0
 
