@@ -22,8 +22,11 @@ PositionFn = Callable[[int, int], torch.Tensor]
 
 
 def synchronize(device: torch.device) -> None:
+    """Wait for this thread's work on `device`: its current CUDA stream only. A draft on a side
+    stream (`inline`'s thread overlap) then never waits for the target's kernels, nor they for it
+    (`torch.cuda.synchronize` would wait for every stream of the device)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
 
 
 class KVSession(ModelSession):
