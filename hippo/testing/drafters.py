@@ -94,18 +94,23 @@ class _CorruptingPlugin:
 
 
 @contextlib.contextmanager
-def corrupting_plugin(pm: Any = None) -> Iterator[str]:
-    """Register the corrupting drafter on hippo's plugin manager for the block; yields its name.
+def registered(plugin: Callable[[], Any], name: str, result: Any, pm: Any = None) -> Iterator[Any]:
+    """Register `plugin()` on hippo's plugin manager as `name` for the block; yields `result`.
 
-    Re-entrant: inside another `corrupting_plugin()` block it does nothing more.
+    Re-entrant: inside another block that registered `name` it does nothing more.
     """
     pm = pm or hippo.plugin_manager()
-    if pm.get_plugin(PLUGIN_NAME) is not None:
-        yield CORRUPTING
+    if pm.get_plugin(name) is not None:
+        yield result
         return
-    plugin = _CorruptingPlugin()
-    pm.register(plugin, name=PLUGIN_NAME)
+    instance = plugin()
+    pm.register(instance, name=name)
     try:
-        yield CORRUPTING
+        yield result
     finally:
-        pm.unregister(plugin=plugin)
+        pm.unregister(plugin=instance)
+
+
+def corrupting_plugin(pm: Any = None) -> contextlib.AbstractContextManager[str]:
+    """Register the corrupting drafter for a block (re-entrant); yields its name."""
+    return registered(_CorruptingPlugin, PLUGIN_NAME, CORRUPTING, pm)

@@ -21,7 +21,7 @@ Notation: p = target, q = draft, γ = draft length, r = the residual target at a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ import torch
 import hippo
 from hippo.interfaces import ModelSession
 from hippo.sampling import TokenPolicy
+from hippo.testing.drafters import registered
 from hippo.types import DraftProposal, Verdict
 from hippo_plugins.drafters import ChainDrafter
 from hippo_plugins.tree import TreeProposal, TreeVerdict, TreeVerifier
@@ -207,19 +208,9 @@ class _PlantedPlugin:
         return {n: cls for n, (kind, cls) in PLANTED.items() if kind == "drafters"}
 
 
-@contextlib.contextmanager
-def planted_plugin(pm: Any = None) -> Iterator[dict[str, tuple[str, type]]]:
+def planted_plugin(pm: Any = None) -> contextlib.AbstractContextManager[dict[str, tuple[str, type]]]:
     """Register the planted parts on hippo's plugin manager for the block; yields `PLANTED`."""
-    pm = pm or hippo.plugin_manager()
-    if pm.get_plugin(PLUGIN_NAME) is not None:
-        yield PLANTED
-        return
-    plugin = _PlantedPlugin()
-    pm.register(plugin, name=PLUGIN_NAME)
-    try:
-        yield PLANTED
-    finally:
-        pm.unregister(plugin=plugin)
+    return registered(_PlantedPlugin, PLUGIN_NAME, PLANTED, pm)
 
 
 def planted_build(name: str) -> Callable[[Any], Any]:
