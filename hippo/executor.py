@@ -45,6 +45,8 @@ class DraftWorker(ABC):
 
     seconds_prefill: float = 0.0
     seconds_decode: float = 0.0
+    #: draft tokens made in `seconds_decode`, kept or discarded (its seconds per draft token)
+    tokens_drafted: int = 0
     #: seconds the draft spent working while the target was also working (hidden draft time)
     seconds_overlapped: float = 0.0
     #: the draft works while the target does (a thread, a process); False: one after the other

@@ -46,6 +46,7 @@ class LocalDraftWorker(DraftWorker):
         before = self.side.seconds_decode
         self._pending = self.side.propose(prefix, gamma)
         self.seconds_decode += self.side.seconds_decode - before
+        self.tokens_drafted += self._pending.size
 
     def stop(self) -> None:
         pass
@@ -109,6 +110,7 @@ class SimulatedDraftWorker(LocalDraftWorker):
         self.busy: list[tuple[float, float]] = []
         self._done_at: list[float] = []  # virtual completion time of each in-flight token
         self._virtual = {"prefill": 0.0, "decode": 0.0}
+        self._virtual_tokens = 0  # draft tokens finished on the virtual clock
 
     def _work(self, start: float, duration: float, kind: str) -> None:
         self.free_at = start + duration
@@ -136,9 +138,10 @@ class SimulatedDraftWorker(LocalDraftWorker):
         if self._done_at:
             n = len(self._done_at)
             self._work(self._done_at[-1] - n * self.cfg.draft_forward, n * self.cfg.draft_forward, "decode")
+            self._virtual_tokens += n
             self.clock.now = max(self.clock.now, self._done_at[-1])  # waiting for the draft
         self._done_at = []
-        self.seconds_decode = self._virtual["decode"]
+        self.seconds_decode, self.tokens_drafted = self._virtual["decode"], self._virtual_tokens
         self.seconds_overlapped = overlap_seconds(self.busy, self.clock.target_busy)
         return super().collect()
 

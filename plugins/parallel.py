@@ -84,7 +84,9 @@ class ParallelScheduler(Scheduler):
         """This round's γ; 0 (only from `plan`, under gamma="auto") = a step of the target alone."""
         cfg = self.config
         gamma = cfg.gamma
-        drafted = sum(job.stats.drafted_per_round)
+        # seconds per draft token the worker made, discarded ones included (a rejected round's
+        # continuation, an aborted drafting): per *verified* token would count their time but not them
+        drafted = worker.tokens_drafted
         per_draft = worker.seconds_decode / drafted if drafted and worker.seconds_decode > 0 else None
         if plan is not None:
             # p's steps are timed against q's live seconds only where both are on the real clock

@@ -216,6 +216,7 @@ class ProcessDraftWorker(DraftWorker):
                 self.seconds_prefill += span[1] - span[0]
             elif cmd == "propose":
                 self.seconds_decode += span[1] - span[0]
+                self.tokens_drafted += result.size
             if t == ticket:
                 self.seconds_overlapped = overlap_seconds(self.draft_busy, self.target_busy)
                 return result

@@ -64,6 +64,7 @@ class ThreadDraftWorker(DraftWorker):
 
     def _propose(self, prefix: torch.Tensor, gamma: int, ticket: int) -> DraftProposal:
         prop = self.side.propose(prefix, gamma, lambda: self._stop_ticket == ticket)
+        self.tokens_drafted += prop.size
         # hand back host tensors: nothing the side stream allocated is used on another stream
         return prop.cpu()
 
