@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hippo.builder import PipelineBuilder
-from hippo.errors import ConfigError, HippoError, InputError
+from hippo.errors import ConfigError, HippoError, InputError, one_line
 from hippo.registry import lookup
 from hippo_cli.video_commands import (
     StageBars,
@@ -72,7 +72,7 @@ class ChatSession:
         try:
             out = ask(question, streamer=streamer, seed=self.seed, **self.gen)
         except HippoError as exc:
-            message = " ".join(str(exc).split())
+            message = one_line(exc)
             say(f"hippo: {message}")
             record = {"question": question, "error": message}
         else:

@@ -290,6 +290,11 @@ class GammaPlan:
             return 1.0
         return statistics.median(self.decode_seconds) / self.auto.curve(1)
 
+    def book(self, stats: Stats) -> None:
+        """Put the job's target-only steps and the plan's record on its stats."""
+        stats.target_steps = self.target_steps
+        stats.plan["gamma"] = self.record()
+
     def record(self) -> dict:
         """What the plan chose and why (for `Stats.plan`)."""
         return {

@@ -51,6 +51,8 @@ class DraftWorker(ABC):
     seconds_overlapped: float = 0.0
     #: the draft works while the target does (a thread, a process); False: one after the other
     overlapped: bool = True
+    #: its seconds are on a virtual clock (the simulated executor): not comparable with real ones
+    virtual: bool = False
 
     @abstractmethod
     def prefill(self, keep: torch.Tensor | None) -> None:  # keep [K] kept visual indices

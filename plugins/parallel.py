@@ -90,7 +90,7 @@ class ParallelScheduler(Scheduler):
         per_draft = worker.seconds_decode / drafted if drafted and worker.seconds_decode > 0 else None
         if plan is not None:
             # p's steps are timed against q's live seconds only where both are on the real clock
-            live = None if getattr(worker, "virtual", False) else target
+            live = None if worker.virtual else target
             gamma = plan.next(job.stats, per_draft, live)
             if gamma == 0:
                 return 0
@@ -195,8 +195,7 @@ class ParallelScheduler(Scheduler):
                 job.target_step(target)
         finally:
             if plan is not None:
-                job.stats.target_steps = plan.target_steps
-                job.stats.plan["gamma"] = plan.record()
+                plan.book(job.stats)
             job.stats.seconds_draft_prefill += worker.seconds_prefill
             job.stats.seconds_draft_decode += worker.seconds_decode
             job.stats.seconds_draft_overlapped += worker.seconds_overlapped

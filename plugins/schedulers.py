@@ -59,8 +59,7 @@ class SerialScheduler(Scheduler):
             else:
                 job.verify_round(target, draft.propose(job.prefix(), min(gamma, job.remaining - 1)))
         if plan is not None:
-            job.stats.target_steps = plan.target_steps
-            job.stats.plan["gamma"] = plan.record()
+            plan.book(job.stats)
 
 
 @hookimpl
