@@ -6,6 +6,7 @@ interfaces a plugin implements (`Scorer`, `Selector`, `Drafter`, `Verifier`, `Sc
 """
 
 from hippo import errors
+from hippo.accept import DraftProposal, Verdict
 from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
 from hippo.hookspecs import hookimpl
 from hippo.interfaces import (
@@ -21,7 +22,7 @@ from hippo.interfaces import (
 )
 from hippo.pipeline import Pipeline
 from hippo.registry import plugin_manager
-from hippo.types import DraftProposal, GenerateOutput, Stats, Verdict, VisualTokens
+from hippo.types import GenerateOutput, Stats, VisualTokens
 
 __version__ = "0.1.0"
 

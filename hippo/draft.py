@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from hippo.accept import DraftProposal
     from hippo.events import EventLog
     from hippo.interfaces import Adapter, Drafter, Encoded, ModelSession
     from hippo.job import DecodeJob
     from hippo.pipeline import SessionKind
     from hippo.sampling import TokenPolicy
-    from hippo.types import DraftProposal
 
 
 class DraftSide:

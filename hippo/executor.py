@@ -25,8 +25,8 @@ from hippo.errors import HippoError
 from hippo.interfaces import Component
 
 if TYPE_CHECKING:
+    from hippo.accept import DraftProposal
     from hippo.job import DecodeJob
-    from hippo.types import DraftProposal
 
 T = TypeVar("T")
 

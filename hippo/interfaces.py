@@ -19,9 +19,10 @@ import torch
 from hippo.errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:
+    from hippo.accept import DraftProposal, Verdict
     from hippo.job import DecodeJob
     from hippo.sampling import TokenPolicy
-    from hippo.types import DraftProposal, Verdict, VideoClip, VisualTokens
+    from hippo.types import VideoClip, VisualTokens
 
 
 @attrs.frozen
@@ -99,6 +100,42 @@ class ModelSession(ABC):
         as if those tokens had been fed by `forward`; `last_logits` becomes the last kept row's.
         """
         raise UnsupportedError(f"{type(self).__name__} cannot keep rows of a masked block (token trees)")
+
+    def score_proposal(self, prefix: torch.Tensor, proposal: DraftProposal) -> torch.Tensor:
+        """p at the root and after each draft token, in one pass: logits [n+1, V] (prefix [T]).
+
+        The tokens of `prefix` not consumed yet go first. A chain is fed as plain tokens; a tree in one
+        `forward_masked` block, each node seeing the prefix, its ancestors and itself. `keep_path`
+        must follow.
+        """
+        pending = prefix[self.length :]  # [m] emitted tokens this session has not consumed
+        m = int(pending.shape[0])
+        if not m:  # p at the root is the last logits (fed again after a rollback dropped them)
+            p0 = self.sync(prefix)[None]  # [1, V]
+            return torch.cat([p0, self._score_nodes(pending, proposal)]) if proposal.size else p0
+        return self._score_nodes(pending, proposal)[m - 1 :]
+
+    def _score_nodes(self, pending: torch.Tensor, proposal: DraftProposal) -> torch.Tensor:  # [m+n, V]
+        if proposal.chain:
+            return self.forward(torch.cat([pending, proposal.tokens.cpu()]))
+        m, n = int(pending.shape[0]), proposal.size
+        offsets = torch.cat([torch.arange(m), m - 1 + proposal.depths()])  # [m+n]
+        visible = torch.zeros(
+            m + n, m + n, dtype=torch.bool
+        )  # pending: causal; nodes: all pending + ancestors
+        visible[:m, :m] = torch.ones(m, m, dtype=torch.bool).tril()
+        visible[m:, :m] = True
+        visible[m:, m:] = proposal.ancestor_mask()
+        return self.forward_masked(torch.cat([pending, proposal.tokens.cpu()]), offsets, visible)
+
+    def keep_path(self, length: int, proposal: DraftProposal, path: Sequence[int]) -> None:
+        """After `score_proposal` on a prefix of `length` tokens: keep that prefix and the draft tokens
+        of `path` (node indices, root first) in the cache; drop the other draft tokens."""
+        if proposal.chain:
+            self.rollback(length + len(path))
+        else:
+            m = length - self.length  # the pending tokens scored before the nodes
+            self.keep([*range(m), *(m + i for i in path)])
 
     def sync(self, prefix: torch.Tensor) -> torch.Tensor:  # prefix [T] -> logits [V]
         """Roll back to the longest common prefix with `prefix`, feed the rest, return the last logits."""
@@ -192,16 +229,18 @@ class Drafter(Component):
 
 
 class Verifier(Component):
-    """Decides how many draft tokens the target accepts, and the token that follows them."""
+    """Accepts a path of draft tokens and draws the token after it (`hippo.accept` has the stock rules)."""
 
     #: True for verifiers that are exact only under greedy decoding.
     greedy_only: ClassVar[bool] = False
+    #: False for verifiers written for chains only (a tree drafter's proposals are then refused).
+    trees: ClassVar[bool] = False
 
     @abstractmethod
     def verify(
         self,
-        proposal: DraftProposal,  # tokens [γ], q [γ, V] | None
-        p_logits: torch.Tensor,  # [γ+1, V] processed target logits p_0..p_γ ([γ, V]: no bonus)
+        proposal: DraftProposal,  # tokens [n], q [n, V] | None, parents [n] | None (a chain)
+        p_scores: torch.Tensor,  # [n+1, V] processed target scores: row 0 at the root, row i+1 after node i
         policy: TokenPolicy,
     ) -> Verdict: ...
 

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hippo.accept import verify_round
 from hippo.draft import DraftSide
 from hippo.events import EventLog, label
 from hippo.interfaces import ModelSession, Scorer, ScoringContext, Verifier
-from hippo.types import DraftProposal, Stats, Verdict
+from hippo.types import Stats
 
 if TYPE_CHECKING:
     from hippo.context import Turn
@@ -195,39 +196,13 @@ class DecodeJob:
         if self.events is not None:
             self.events.add("target", "step", t0, pos=prefix.shape[0], emitted=kept)
 
-    def verify_round(self, target: ModelSession, proposal: DraftProposal, bonus: bool = True) -> Verdict:
-        """The one verification round: score the draft with the target in one pass, process the
-        scores, verify, keep the accepted tokens in the target's cache, emit, and book the round.
+    #: the one verification round (hippo.accept): score, accept, keep, emit, book
+    verify_round = verify_round
 
-        The proposal's type decides how it is scored and kept (a chain: fed and cropped; a tree:
-        one masked pass, compacted to its accepted path). The target first consumes the accepted
-        tokens it has not seen. With `bonus=False` a fully accepted round emits no bonus token: the
-        target keeps p_γ (its `last_logits`) to check the next draft token (PEARL's post-verify).
-        """
-        t0 = time.perf_counter()
-        prefix = self.prefix()  # [T]
-        logits = proposal.score(target, prefix, bonus)  # [k, V] raw target logits
-        scores = proposal.process(self.policy, prefix, logits)  # [k, V]
-        verdict = proposal.verify(self.verifier, scores, self.policy, bonus)
-        accepted = proposal.commit(target, prefix.shape[0], verdict)
-        extra = [] if verdict.next_token is None else [verdict.next_token]
-        kept = self.emit([*accepted, *extra])
-        # `kept` < accepted + 1 only in the last round (token budget or EOS reached)
-        self.stats.record_round(proposal.size, verdict.n_accepted, kept, verdict.n_accepted < proposal.depth)
+    def observe(self, side: str, what: str, t0: float, **fields: Any) -> None:
+        """Book a piece of work that began at `t0` on the timeline, if one was asked for."""
         if self.events is not None:
-            n, depth, a = proposal.size, proposal.depth, verdict.n_accepted
-            self.events.add(
-                "target",
-                "verify",
-                t0,
-                pos=prefix.shape[0],
-                n=n,
-                depth=depth,
-                accepted=a,
-                rejected=depth - a,
-                emitted=kept,
-            )
-        return verdict
+            self.events.add(side, what, t0, **fields)
 
     def finish(self) -> None:
         s = self.stats

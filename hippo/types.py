@@ -6,15 +6,13 @@ Notation (as in the paper): p = target, q = draft, γ = draft length, N = visual
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
 if TYPE_CHECKING:
-    from hippo.interfaces import ModelSession, Verifier
-    from hippo.sampling import TokenPolicy
+    pass
 
 
 @attrs.frozen
@@ -64,103 +62,6 @@ class VisualTokens:
             out.extend(block.unbind(0))
             start += t * h * w
         return out
-
-
-@attrs.frozen
-class DraftProposal:
-    """γ draft tokens and, when sampling, the draft distribution each was drawn from.
-
-    The proposal's type also decides how the target scores and keeps it (`score`, `process`,
-    `verify`, `commit`), so `DecodeJob.verify_round` is the one verification round whatever its
-    shape: a chain is fed as plain tokens and cropped back; a token tree (a subclass) is scored in
-    one masked pass and compacted to its accepted path.
-    """
-
-    tokens: torch.Tensor  # [γ] long
-    q: torch.Tensor | None = None  # [γ, V] probabilities (None for greedy drafts)
-
-    @property
-    def gamma(self) -> int:
-        return int(self.tokens.shape[0])
-
-    @property
-    def size(self) -> int:
-        """Draft tokens made (a round books them as drafted)."""
-        return self.gamma
-
-    @property
-    def depth(self) -> int:
-        """The most draft tokens one round can accept; fewer accepted means a rejection."""
-        return self.gamma
-
-    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> DraftProposal:
-        """The same proposal with `fn` applied to each tensor field (to host, to shared memory)."""
-        changes = {}
-        for a in attrs.fields(type(self)):
-            value = getattr(self, a.name)
-            if isinstance(value, torch.Tensor):
-                changes[a.name] = fn(value)
-        return attrs.evolve(self, **changes)
-
-    def cpu(self) -> DraftProposal:
-        return self.map_tensors(lambda t: t.cpu())
-
-    def chunks(self, size: int) -> list[DraftProposal]:
-        """Consecutive pieces of at most `size` tokens, to verify one after the other without bonus
-        tokens (each piece's last target row checks the next piece's first token)."""
-        if size >= self.gamma:
-            return [self]
-        q = self.q
-        return [
-            attrs.evolve(self, tokens=self.tokens[i : i + size], q=None if q is None else q[i : i + size])
-            for i in range(0, self.gamma, size)
-        ]
-
-    def truncate(self, n: int) -> DraftProposal:
-        """The first n draft tokens: what a drafting stopped early had made."""
-        return attrs.evolve(self, tokens=self.tokens[:n], q=None if self.q is None else self.q[:n])
-
-    # ---- verification (called by DecodeJob.verify_round, in this order) ------------------------
-    def score(self, target: ModelSession, prefix: torch.Tensor, bonus: bool) -> torch.Tensor:
-        """The target's raw logits p_0..p_γ [γ+1, V] (p_0..p_{γ-1} [γ, V] without bonus), one pass.
-
-        The target first consumes the tokens of `prefix` [T] it has not seen.
-        """
-        tokens = self.tokens.cpu()
-        pending = prefix[target.length :]  # accepted tokens the target has not consumed
-        if pending.numel():
-            logits = target.forward(torch.cat([pending, tokens]))[-(self.gamma + 1) :]
-        else:  # the target already holds the whole prefix: p_0 is its last logits
-            p0 = target.sync(prefix)[None]
-            rest = [target.forward(tokens)] if self.gamma else []
-            logits = torch.cat([p0, *rest])
-        return logits if bonus else logits[:-1]
-
-    def process(self, policy: TokenPolicy, prefix: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """Each row of `score`'s logits [k, V] processed with the sequence it conditions on."""
-        seq = torch.cat([prefix, self.tokens.cpu()])[: prefix.shape[0] + logits.shape[0] - 1]
-        return policy.process(seq, logits)
-
-    def verify(self, verifier: Verifier, scores: torch.Tensor, policy: TokenPolicy, bonus: bool) -> Verdict:
-        """The verifier's decision on the processed scores [k, V]."""
-        return verifier.verify(self, scores, policy)
-
-    def commit(self, target: ModelSession, length: int, verdict: Verdict) -> list[int]:
-        """Leave the target holding the prefix (`length` tokens) and the accepted draft tokens; return those."""
-        target.rollback(length + verdict.n_accepted)
-        return self.tokens[: verdict.n_accepted].tolist()
-
-
-@attrs.frozen
-class Verdict:
-    """The verifier's decision: the first `n_accepted` draft tokens stand, then `next_token`.
-
-    `next_token` is the recovered token (after a reject) or the bonus token (all γ accepted); it is
-    None when all γ were accepted and the caller asked for no bonus token.
-    """
-
-    n_accepted: int
-    next_token: int | None
 
 
 @attrs.define

@@ -7,9 +7,9 @@ from collections.abc import Callable
 import torch
 
 from hippo import hookimpl
+from hippo.accept import DraftProposal
 from hippo.interfaces import Drafter, ModelSession
 from hippo.sampling import TokenPolicy
-from hippo.types import DraftProposal
 
 
 class ChainDrafter(Drafter):

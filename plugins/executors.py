@@ -15,10 +15,10 @@ import attrs
 import torch
 
 from hippo import hookimpl
+from hippo.accept import DraftProposal
 from hippo.draft import DraftSide
 from hippo.executor import DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
-from hippo.types import DraftProposal
 from hippo_plugins.thread_worker import ThreadDraftWorker, model_device
 
 

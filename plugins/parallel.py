@@ -26,21 +26,22 @@ import attrs
 import torch
 
 from hippo import hookimpl
+from hippo.accept import DraftProposal, Verdict
 from hippo.config import gamma_option, positive_int
 from hippo.cost import GAMMA_START, AutoGamma, GammaPlan, costs_option
 from hippo.executor import DraftFailure, DraftWorker, Executor
 from hippo.interfaces import Scheduler, make_config
 from hippo.job import DecodeJob
 from hippo.registry import lookup
-from hippo.types import DraftProposal, Verdict
 
 log = logging.getLogger("hippo")
 
 PRUNE = ("late", "early", "two_phase")
 
 
-def _cat(prefix: torch.Tensor, prop: DraftProposal) -> torch.Tensor:  # -> [T + γ]
-    return torch.cat([prefix, prop.tokens.cpu()])
+def _cat(prefix: torch.Tensor, prop: DraftProposal) -> torch.Tensor:  # -> [T + s]
+    """The prefix followed by the proposal's spine: where the draft continues during verification."""
+    return torch.cat([prefix, prop.spine_tokens().cpu()])
 
 
 def _continues(job: DecodeJob, verdict: Verdict) -> bool:
@@ -102,7 +103,7 @@ class ParallelScheduler(Scheduler):
     def _verify_batch(self, job: DecodeJob, target, batch: DraftProposal, gamma: int) -> Verdict:
         """Verify an unverified batch without a bonus token; under `gamma="auto"`, in chunks of this
         round's γ, so a long buffer that is rejected early costs a short pass, not one long one."""
-        size = gamma if self.auto is not None else batch.gamma
+        size = gamma if self.auto is not None else batch.size
         for chunk in batch.chunks(max(1, size)):
             verdict = self.executor.target("verify", job.verify_round, target, chunk, bonus=False)
             if not _continues(job, verdict):
@@ -135,7 +136,7 @@ class ParallelScheduler(Scheduler):
                 worker.prefill(late)
         else:
             job.kept = early
-        return target, (buffer if buffer is not None and buffer.gamma else None)
+        return target, (buffer if buffer is not None and buffer.size else None)
 
     # ---- decoding -----------------------------------------------------------------------------
     def _discard(self, worker: DraftWorker) -> None:
@@ -173,7 +174,7 @@ class ParallelScheduler(Scheduler):
                     if gamma > 1:
                         if _continues(job, verdict):
                             rest = worker.collect()
-                            unverified = rest if rest.gamma else None
+                            unverified = rest if rest.size else None
                         else:
                             self._discard(worker)
                 else:  # optimistic / post-verify
@@ -181,7 +182,7 @@ class ParallelScheduler(Scheduler):
                     verdict = self._verify_batch(job, target, unverified, gamma)
                     if _continues(job, verdict):
                         nxt = worker.collect()
-                        unverified = nxt if nxt.gamma else None
+                        unverified = nxt if nxt.size else None
                     else:
                         self._discard(worker)
                         unverified = None

@@ -30,13 +30,13 @@ import torch
 import torch.multiprocessing as mp
 
 from hippo import hookimpl
+from hippo.accept import DraftProposal
 from hippo.compat import drop_output_capturing_hooks, register_output_capturing
 from hippo.config import positive_int
 from hippo.context import DraftPrefix, EncodingStore
 from hippo.draft import DraftSide
 from hippo.executor import DraftFailure, DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
-from hippo.types import DraftProposal
 
 
 def _shared(payload: Any) -> Any:

@@ -22,10 +22,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from hippo.accept import DraftProposal
 from hippo.draft import DraftSide
 from hippo.executor import DraftFailure, DraftWorker, overlap_seconds
 from hippo.job import DecodeJob
-from hippo.types import DraftProposal
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -1,4 +1,4 @@
-"""Tree drafting as a plug-in: a `tree` drafter, a `tree` verifier and a `serial_tree` scheduler.
+"""Tree drafting as a plug-in: a `tree` drafter and a `serial_tree` scheduler.
 
 Notation: p = target, q = draft, γ = maximum tree depth this round, V = vocabulary, n = tree nodes.
 
@@ -12,49 +12,18 @@ Drafting (`TreeDrafter`)
       nodes, at most `top_k` children per node and depth γ.
     Greedy: the children of a node are the draft's top-k tokens. Sampling: the children are drawn
     one by one *without replacement*: child j ~ q_j = norm(q with children 1..j-1 zeroed); q_j is
-    recorded in `tree_q[j]` (the exact law the child was drawn from). The draft computes each node's
+    recorded as the proposal's `q[j]` (the exact law the child was drawn from). The draft computes each node's
     q by `session.sync(prefix + path)` (plain forwards + rollbacks, depth-first for static trees),
     so the draft's cache is brought back to the accepted prefix by the next round's `sync`.
 
-Verification (`TreeVerifier`), from the target's scores at every node, p_v:
-    - greedy: walk from the root; at node v move to the child whose token is argmax p_v, if any;
-      stop at the first node without such a child and emit argmax p_v. This is the longest path
-      whose tokens equal the target's argmax at every step, plus the target's next token: exactly
-      what token-by-token greedy decoding emits.
-    - sampling: recursive rejection sampling (SpecInfer; without-replacement form of Jeon et al.
-      2024). At node v with residual target r = p_v and children c_1..c_k drawn with laws q_1..q_k:
-      for j = 1..k accept c_j with probability min(1, r(c_j) / q_j(c_j)); on accept move to c_j;
-      on reject set r <- norm(max(0, r - q_j)). If every child is rejected (or v is a leaf), draw
-      the next token from r.
-      Why it is exact: by induction on the number of remaining children, the token emitted at v is
-      distributed as r. With no child left we draw from r. Otherwise c_j ~ q_j, given everything
-      drawn before it (earlier siblings, other branches, the shape decisions so far), and the
-      uniform is fresh; one step of Leviathan et al.'s rejection rule gives P(accept, c_j = x) =
-      min(q_j(x), r(x)) and, on reject, the procedure continues with target norm(max(0, r - q_j))
-      = (r - min(q_j, r)) / P(reject), which by induction it reproduces whatever c_j was; summing
-      gives r. Accepting c_j means the token at this step is c_j, and since c_j's own children were
-      drawn from q(. | path to c_j) independently of the uniform, the same argument applies one
-      level down with p_{c_j}. Hence the emitted sequence is distributed as sampling from p token
-      by token. (Zeroing the earlier siblings in q_j is what makes q_j the true law of c_j; a
-      rejected c_j has r(c_j) < q_j(c_j), so the new residual gives it no mass either.)
-
-Scoring and keeping (`TreeProposal.score` / `commit`, called by the core's `DecodeJob.verify_round`)
-    The proposal's type chooses how a round scores it, so every scheduler verifies a tree in one
-    target pass. The target is fed the tokens it has not consumed yet (the last round's bonus
-    token) followed by all n nodes in **one** `ModelSession.forward_masked` call: each node sees the
-    prefix, its ancestors and itself, at logical position prefix length + depth - 1 (the session
-    applies its own position layout: M-RoPE rows for Qwen backbones, 1-D for LLaVA-OneVision).
-    `ModelSession.keep` then keeps the pending tokens and the accepted path, in order (a KV cache
-    compaction). A tree in which no node has a sibling is a chain and goes through the chain rules.
-    `serial_tree` is `serial` under the name this plugin has always registered.
-
-Parallel schedules (`pearl`, `hippo`)
-    They verify with `bonus=False` and let the draft continue after the proposal's first-child chain
-    while the target verifies. A tree round then ends with no bonus token exactly when the accepted
-    path is that whole chain (the verifiers stop at its last node, `end`): the target keeps p at
-    that node to check the continuation's first token. Any other accepted path emits its next token
-    as usual, and the continuation (drafted after the chain) is discarded. Both cases are exact: the
-    continuation's tokens are only ever checked against the target at the prefix actually accepted.
+Verification
+    A tree is a `hippo.accept.DraftProposal` with `parents`. The core verifies it like a chain: the
+    target scores every node in one masked pass (`ModelSession.score_proposal`), the stock rules of
+    `hippo.accept` walk it from the root (greedy: the longest argmax path; sampling: recursive
+    rejection sampling over siblings), and the session keeps the accepted path (`keep_path`, a KV
+    cache compaction). The parallel schedules continue drafting after the tree's first-child chain
+    (its spine) while the target verifies. `serial_tree` is `serial` under the name this plugin has
+    always registered.
 """
 
 from __future__ import annotations
@@ -67,145 +36,12 @@ import attrs
 import torch
 
 from hippo import hookimpl
+from hippo.accept import DraftProposal
 from hippo.config import positive_int
-from hippo.errors import ConfigError, UnsupportedError
-from hippo.interfaces import Drafter, ModelSession, Verifier
+from hippo.errors import ConfigError
+from hippo.interfaces import Drafter, ModelSession
 from hippo.sampling import TokenPolicy
-from hippo.types import DraftProposal, Verdict
 from hippo_plugins.schedulers import SerialScheduler
-from hippo_plugins.verifiers import (
-    GreedyVerifier,
-    RejectionVerifier,
-    greedy_verify,
-    rejection_verify,
-    residual,
-)
-
-# ---- the tree proposal ------------------------------------------------------------------------
-
-
-@attrs.frozen
-class TreeProposal(DraftProposal):
-    """A token tree. `tokens`/`q` (inherited) are its first-child chain: where a parallel schedule's
-    draft continues while the target verifies the tree.
-
-    Nodes are parent-first: `parents[i] < i`, -1 for children of the root (the prefix).
-    """
-
-    tree_tokens: torch.Tensor = attrs.field(factory=lambda: torch.zeros(0, dtype=torch.long))  # [n]
-    parents: torch.Tensor = attrs.field(factory=lambda: torch.zeros(0, dtype=torch.long))  # [n]
-    tree_q: torch.Tensor | None = None  # [n, V] law each node was drawn from (None when greedy)
-
-    @property
-    def n_nodes(self) -> int:
-        return int(self.tree_tokens.shape[0])
-
-    def depths(self) -> torch.Tensor:  # [n], 1 for children of the root
-        d: list[int] = []
-        for par in self.parents.tolist():
-            d.append(1 if par < 0 else d[par] + 1)
-        return torch.tensor(d, dtype=torch.long)
-
-    def children(self) -> list[list[int]]:  # [n + 1] lists; entry 0 is the root, node i is entry i+1
-        out: list[list[int]] = [[] for _ in range(self.n_nodes + 1)]
-        for i, par in enumerate(self.parents.tolist()):
-            out[par + 1].append(i)
-        return out
-
-    def path(self, node: int) -> list[int]:  # node indices from the root's child down to `node`
-        out, par = [], node
-        parents = self.parents.tolist()
-        while par >= 0:
-            out.append(par)
-            par = parents[par]
-        return out[::-1]
-
-    def ancestor_mask(self) -> torch.Tensor:  # [n, n] bool: [i, j] = node j is node i or an ancestor of i
-        n, parents = self.n_nodes, self.parents.tolist()
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        for i in range(n):
-            mask[i, i] = True
-            if parents[i] >= 0:
-                mask[i] |= mask[parents[i]]
-        return mask
-
-    # ---- how a round scores and keeps a tree (see DraftProposal); a chain-shaped tree is a chain ----
-    @property
-    def is_chain(self) -> bool:
-        """No node has a sibling: the tree is its first-child chain, verified by the chain rules."""
-        return self.n_nodes == self.gamma
-
-    @property
-    def size(self) -> int:
-        return self.n_nodes
-
-    @property
-    def depth(self) -> int:
-        return int(self.depths().max()) if self.n_nodes else 0
-
-    def chunks(self, size: int) -> list[DraftProposal]:
-        return [self]  # a tree is verified whole
-
-    def truncate(self, n: int) -> TreeProposal:
-        """The first n nodes (parent-first, so still a tree): what a drafting stopped early had made."""
-        parents, tokens = self.parents[:n], self.tree_tokens[:n]
-        chain = chain_of(parents.tolist(), tokens.tolist())
-        q = None if self.tree_q is None else self.tree_q[:n]
-        return TreeProposal(
-            tokens=tokens[chain],
-            q=None if q is None else q[chain],
-            tree_tokens=tokens,
-            parents=parents,
-            tree_q=q,
-        )
-
-    def score(self, target: ModelSession, prefix: torch.Tensor, bonus: bool) -> torch.Tensor:
-        """Raw target logits [n+1, V]: row 0 at the root (after `prefix`), row i+1 after node i."""
-        if self.is_chain:
-            return super().score(target, prefix, bonus)
-        pending = prefix[target.length :]  # [m] accepted tokens the target has not consumed
-        if not pending.numel() and target.last_logits is None:  # re-feed the last token for p at the root
-            target.rollback(target.length - 1)
-            pending = prefix[target.length :]
-        m = int(pending.shape[0])
-        if m:
-            return score_tree(target, pending, self)[m - 1 :]
-        return torch.cat([target.last_logits[None], score_tree(target, pending, self)])
-
-    def process(self, policy: TokenPolicy, prefix: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        if self.is_chain:
-            return super().process(policy, prefix, logits)
-        if not policy.processors:  # nothing reads the sequence: skip building each node's path
-            return policy.process(prefix, logits)
-        seqs = [prefix] + [torch.cat([prefix, self.tree_tokens[self.path(i)]]) for i in range(self.n_nodes)]
-        return torch.cat([policy.process(s, r[None]) for s, r in zip(seqs, logits)])  # [n+1, V]
-
-    def verify(self, verifier: Verifier, scores: torch.Tensor, policy: TokenPolicy, bonus: bool) -> Verdict:
-        if self.is_chain:
-            return super().verify(verifier, scores, policy, bonus)
-        end = None if bonus else chain_of(self.parents.tolist(), self.tree_tokens.tolist())[-1]
-        return tree_verifier(verifier).verify_tree(self, scores, policy, end)
-
-    def commit(self, target: ModelSession, length: int, verdict: Verdict) -> list[int]:
-        if self.is_chain:
-            return super().commit(target, length, verdict)
-        m = length - target.length  # the pending tokens scored before the nodes
-        path = list(verdict.path)
-        target.keep([*range(m), *(m + i for i in path)])
-        return self.tree_tokens[path].tolist()
-
-
-def chain_of(parents: list[int], tokens: list[int]) -> list[int]:
-    """Node indices of the first-child chain from the root."""
-    first: dict[int, int] = {}
-    for i, par in enumerate(parents):
-        first.setdefault(par, i)
-    out, v = [], -1
-    while v in first:
-        v = first[v]
-        out.append(v)
-    return out
-
 
 # ---- the drafter ------------------------------------------------------------------------------
 
@@ -259,7 +95,7 @@ class TreeDrafter(Drafter):
         gamma: int,
         policy: TokenPolicy,
         should_stop: Callable[[], bool] | None = None,
-    ) -> TreeProposal:
+    ) -> DraftProposal:
         depth = min(gamma, self.config.max_depth)
         tree = _TreeBuilder(session, prefix, policy)
         if depth > 0:
@@ -376,150 +212,12 @@ class _TreeBuilder:
             d, node = d + 1, self.parents[node]
         return d
 
-    def proposal(self) -> TreeProposal:
-        chain = chain_of(self.parents, self.tokens)
-        tokens = torch.tensor(self.tokens, dtype=torch.long)
-        laws = torch.stack(self.laws) if self.laws else None  # [n, V]
-        return TreeProposal(
-            tokens=tokens[chain] if chain else torch.zeros(0, dtype=torch.long),
-            q=None if laws is None or not chain else laws[chain],
-            tree_tokens=tokens,
+    def proposal(self) -> DraftProposal:
+        return DraftProposal(
+            tokens=torch.tensor(self.tokens, dtype=torch.long),
+            q=torch.stack(self.laws) if self.laws else None,  # [n, V]
             parents=torch.tensor(self.parents, dtype=torch.long),
-            tree_q=laws,
         )
-
-
-# ---- the verifier -----------------------------------------------------------------------------
-
-
-@attrs.frozen
-class TreeVerdict(Verdict):
-    """A verdict on a tree: `path` lists the accepted node indices (n_accepted == len(path))."""
-
-    path: tuple[int, ...] = ()
-
-
-def tree_greedy(
-    proposal: TreeProposal, p_scores: torch.Tensor, end: int | None = None
-) -> tuple[list[int], int | None]:
-    """p_scores [n+1, V]: row 0 at the root, row i+1 at node i. Longest argmax path + next argmax.
-
-    Reaching node `end` stops the walk with no next token (no bonus: p at `end` checks the next draft).
-    """
-    target = p_scores.argmax(-1).cpu()  # [n+1]
-    children, tokens = proposal.children(), proposal.tree_tokens.tolist()
-    path, row = [], 0
-    while True:
-        want = int(target[row])
-        nxt = next((c for c in children[row] if tokens[c] == want), None)
-        if nxt is None:
-            return path, want
-        path.append(nxt)
-        if nxt == end:
-            return path, None
-        row = nxt + 1
-
-
-def tree_rejection(
-    proposal: TreeProposal, p: torch.Tensor, generator: torch.Generator, end: int | None = None
-) -> tuple[list[int], int | None]:
-    """p [n+1, V] target probabilities per node. Recursive rejection sampling (see module docstring).
-
-    Accepting node `end` stops with no next token drawn (no bonus: p at `end` checks the next draft).
-    """
-    if proposal.tree_q is None:
-        raise ConfigError("tree verifier: sampling needs the law of each node (tree_q), got None")
-    p, q = p.double().cpu(), proposal.tree_q.double().cpu()
-    children, tokens = proposal.children(), proposal.tree_tokens.tolist()
-    path, row = [], 0
-    while True:
-        r = p[row]  # [V] residual target at this node
-        moved = False
-        for c in children[row]:
-            x = tokens[c]
-            u = float(torch.rand((), generator=generator, dtype=torch.float64))
-            if u * float(q[c, x]) < float(r[x]):  # u < r(x) / q_c(x); q_c(x) > 0 since x ~ q_c
-                path.append(c)
-                if c == end:
-                    return path, None
-                row, moved = c + 1, True
-                break
-            r = residual(r, q[c])
-        if not moved:
-            return path, int(torch.multinomial(r, 1, generator=generator))
-
-
-class TreeVerifier(Verifier):
-    """Longest greedy path (greedy) or recursive rejection sampling (sampling) over a token tree.
-
-    Given a chain (a plain `DraftProposal`, or p rows for the chain view only) it applies the chain
-    rules (`greedy_verify` / `rejection_verify`), so it also verifies chain drafters' proposals.
-    """
-
-    def verify(self, proposal: DraftProposal, p_logits: torch.Tensor, policy: TokenPolicy) -> Verdict:
-        if (
-            isinstance(proposal, TreeProposal)
-            and proposal.n_nodes
-            and p_logits.shape[0] == proposal.n_nodes + 1
-        ):
-            return self.verify_tree(proposal, p_logits, policy)
-        if not policy.do_sample:
-            return Verdict(*greedy_verify(proposal.tokens, p_logits))
-        q = proposal.q
-        if q is None:
-            q = torch.nn.functional.one_hot(proposal.tokens.cpu(), p_logits.shape[-1]).double()
-        return Verdict(*rejection_verify(proposal.tokens, q, policy.distribution(p_logits), policy.generator))
-
-    def verify_tree(
-        self,
-        proposal: TreeProposal,
-        p_logits: torch.Tensor,  # [n+1, V] processed target scores: root, then node i at row i+1
-        policy: TokenPolicy,
-        end: int | None = None,  # node whose acceptance ends the round with no bonus token
-    ) -> TreeVerdict:
-        if policy.do_sample:
-            path, tok = tree_rejection(proposal, policy.distribution(p_logits), policy.generator, end)
-        else:
-            path, tok = tree_greedy(proposal, p_logits, end)
-        return TreeVerdict(len(path), tok, tuple(path))
-
-
-def tree_verifier(verifier: Verifier) -> TreeVerifier:
-    """The verifier for a tree: the `tree` verifier, which generalises the stock chain rules."""
-    if isinstance(verifier, TreeVerifier):
-        return verifier
-    if type(verifier) in (GreedyVerifier, RejectionVerifier):
-        return TreeVerifier()
-    raise UnsupportedError(
-        f"a token tree is verified by the `tree` verifier; {type(verifier).__name__} only knows chains. "
-        "Use .verifier('tree') or leave the verifier unset"
-    )
-
-
-# ---- one-pass tree scoring through the session's masked forward ----------------------------------
-
-
-def tree_inputs(
-    pending: torch.Tensor, proposal: TreeProposal
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """tokens [m+n], offsets [m+n], visible [m+n, m+n] for `ModelSession.forward_masked`.
-
-    `pending` [m] are chain tokens the session has not consumed (each sees those before it); node i
-    sits at offset m - 1 + depth_i and sees every pending token, its ancestors and itself.
-    """
-    m, n = int(pending.shape[0]), proposal.n_nodes
-    offsets = torch.cat([torch.arange(m), m - 1 + proposal.depths()])  # [m+n]
-    visible = torch.zeros(m + n, m + n, dtype=torch.bool)
-    visible[:m, :m] = torch.ones(m, m, dtype=torch.bool).tril()
-    visible[m:, :m] = True
-    visible[m:, m:] = proposal.ancestor_mask()
-    tokens = torch.cat([pending.cpu(), proposal.tree_tokens.cpu()])  # [m+n]
-    return tokens, offsets, visible
-
-
-def score_tree(session: ModelSession, pending: torch.Tensor, proposal: TreeProposal) -> torch.Tensor:
-    """Feed pending + all tree nodes in one forward; returns logits [m+n, V]. `session.keep` must follow."""
-    return session.forward_masked(*tree_inputs(pending, proposal))
 
 
 class SerialTreeScheduler(SerialScheduler):
@@ -530,11 +228,6 @@ class SerialTreeScheduler(SerialScheduler):
 @hookimpl
 def hippo_register_drafters():
     return {"tree": TreeDrafter}
-
-
-@hookimpl
-def hippo_register_verifiers():
-    return {"tree": TreeVerifier}
 
 
 @hookimpl

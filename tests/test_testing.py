@@ -214,14 +214,14 @@ def test_hippo_check_catches_the_planted_bug(name, capsys):
         assert "check FAILED" in out
 
 
-@pytest.mark.parametrize("name", ["rejection", "tree"])
+@pytest.mark.parametrize("name", ["rejection"])  # `tree` is the same rule (hippo.accept), by decoding mode
 def test_hippo_check_passes_the_honest_verifiers(name, capsys):
     rc = main(["check", name, "--kind", "verifier", "--sampling", "--examples", "1", "--adapter", ADAPTER])
     out = capsys.readouterr().out
     print(out)
     assert rc == 0, out
     assert "sampling: exact law" in out and "power" in out
-    assert ("siblings tested" in out) == (name == "tree")
+    assert "siblings tested" in out  # a stock verifier verifies token trees: checked on them too
 
 
 # ---- installed for real: the lossy package and the third-party package with its own suite -------------

@@ -15,10 +15,10 @@ import attrs
 import torch
 
 import hippo
+from hippo.accept import DraftProposal
 from hippo.interfaces import Drafter, ModelSession
 from hippo.registry import lookup
 from hippo.sampling import TokenPolicy
-from hippo.types import DraftProposal
 
 CORRUPTING = "hippo-testing-corrupting"
 PLUGIN_NAME = "hippo-testing-corrupting-drafter"
@@ -65,7 +65,7 @@ class CorruptingDrafter(Drafter):
             proposal = self.base.propose(session, prefix, gamma, policy)
         else:
             proposal = self.base.propose(session, prefix, gamma, policy, should_stop)
-        if type(proposal) is not DraftProposal:
+        if not proposal.chain:  # token trees pass through unchanged
             return proposal
         tokens = proposal.tokens.clone()  # [γ]
         q = None if proposal.q is None else proposal.q.clone()  # [γ, V] or None

@@ -27,78 +27,77 @@ from typing import Any
 import torch
 
 import hippo
+from hippo.accept import DraftProposal, Verdict, residual
 from hippo.interfaces import ModelSession
 from hippo.sampling import TokenPolicy
 from hippo.testing.drafters import registered
-from hippo.types import DraftProposal, Verdict
 from hippo_plugins.drafters import ChainDrafter
-from hippo_plugins.tree import TreeProposal, TreeVerdict, TreeVerifier
-from hippo_plugins.verifiers import RejectionVerifier, residual
+from hippo_plugins.verifiers import TreeVerifier
 
 PLUGIN_NAME = "hippo-testing-planted-bugs"
 
 
 def _rule(
-    x: torch.Tensor,  # [γ] draft tokens
-    q: torch.Tensor,  # [γ, V]
-    p: torch.Tensor,  # [γ+1, V] ([γ, V]: no bonus row)
+    proposal: DraftProposal,  # tokens [n], q [n, V] | None, parents [n] | None
+    p: torch.Tensor,  # [n+1, V] target probabilities: row 0 at the root, row i+1 after node i
     generator: torch.Generator,
     *,
-    accept: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    accept: Callable[[float, float, float], bool] = lambda u, r_x, q_x: u * q_x < r_x,
     recover: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = residual,
-    bonus: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    bonus: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None,
     rows: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[int, int | None]:
-    """`rejection_verify` with one step replaced; same randomness consumed."""
-    gamma = x.shape[0]
-    p, q, x = p.double().cpu(), q.double().cpu(), x.cpu()
-    checked = p if rows is None else rows(p)  # [γ+1, V] the rows x is checked against
-    idx = torch.arange(gamma)
-    p_x, q_x = checked[idx, x], q[idx, x]
-    u = torch.rand(gamma, generator=generator, dtype=torch.float64)
-    ok = (u * q_x < p_x) if accept is None else accept(u, p_x, q_x)
-    n = int(ok.long().cumprod(0).sum())
-    if n == gamma:
-        if p.shape[0] == gamma:
-            return n, None
-        law = p[gamma] if bonus is None else bonus(p, q)
-    else:
-        law = recover(checked[n], q[n])
-    return n, int(torch.multinomial(law, 1, generator=generator))
+) -> Verdict:
+    """`hippo.accept.accept_sampled` with one step replaced (the same randomness consumed)."""
+    p = p.double().cpu()
+    checked = p if rows is None else rows(p)  # [n+1, V] the rows each node's children are checked against
+    q = torch.nn.functional.one_hot(proposal.tokens.cpu(), p.shape[-1]).double()
+    q = q if proposal.q is None else proposal.q.double().cpu()  # [n, V]
+    children, tokens = proposal.children(), proposal.tokens.tolist()
+    path, row = [], 0
+    while True:
+        r = checked[row]
+        for c in children[row]:
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            if accept(u, float(r[tokens[c]]), float(q[c, tokens[c]])):
+                path.append(c)
+                row = c + 1
+                break
+            r = recover(r, q[c])
+        else:
+            leaf = not children[row]
+            law = bonus(p[row], q[row - 1] if row else None) if leaf and bonus is not None else r
+            return Verdict(tuple(path), int(torch.multinomial(law, 1, generator=generator)))
 
 
-class _PlantedChain(RejectionVerifier):
-    """The rejection verifier with one planted step (`rule_options`)."""
+class _PlantedRule(TreeVerifier):
+    """The stock verifier with one planted step (`rule_options`) when sampling."""
 
     rule_options: dict[str, Any] = {}
+    trees = False  # checked on chains; `TreeUnnormalised`, whose bug is between siblings, on trees
 
-    def verify(self, proposal: DraftProposal, p_logits: torch.Tensor, policy: TokenPolicy) -> Verdict:
-        q = proposal.q
-        if q is None:
-            q = torch.nn.functional.one_hot(proposal.tokens.cpu(), p_logits.shape[-1]).double()
-        p = policy.distribution(p_logits)
-        return Verdict(*_rule(proposal.tokens, q, p, policy.generator, **type(self).rule_options))
+    def verify(self, proposal: DraftProposal, p_scores: torch.Tensor, policy: TokenPolicy) -> Verdict:
+        return _rule(proposal, policy.distribution(p_scores), policy.generator, **type(self).rule_options)
 
 
-class ResidualFromP(_PlantedChain):
+class ResidualFromP(_PlantedRule):
     """After a reject the recovered token comes from p instead of norm(max(p - q, 0))."""
 
     rule_options = {"recover": lambda p_row, q_row: p_row}
 
 
-class AcceptQOverP(_PlantedChain):
+class AcceptQOverP(_PlantedRule):
     """Accepts x_i with probability min(1, q_i(x_i) / p_i(x_i)): the ratio upside down."""
 
     rule_options = {"accept": lambda u, p_x, q_x: u * p_x < q_x}
 
 
-class BonusFromQ(_PlantedChain):
+class BonusFromQ(_PlantedRule):
     """Draws the bonus token from the draft's last law q_γ instead of the target's p_γ."""
 
-    rule_options = {"bonus": lambda p, q: q[-1] if q.shape[0] else p[-1]}
+    rule_options = {"bonus": lambda p_leaf, q_leaf: p_leaf if q_leaf is None else q_leaf}
 
 
-class OffByOne(_PlantedChain):
+class OffByOne(_PlantedRule):
     """Checks draft token x_i against p_{i+1}, the target's row for the *next* position."""
 
     rule_options = {"rows": lambda p: torch.cat([p[1:], p[-1:]])}
@@ -142,47 +141,16 @@ class _HotPolicy(TokenPolicy):
         return super().sample(hot)
 
 
-def tree_rejection_unnormalised(
-    proposal: TreeProposal, p: torch.Tensor, generator: torch.Generator, end: int | None = None
-) -> tuple[list[int], int | None]:
-    """`tree_rejection` whose residual after a rejected sibling is max(0, r - q_j), not renormalised."""
-    p, q = p.double().cpu(), proposal.tree_q.double().cpu()
-    children, tokens = proposal.children(), proposal.tree_tokens.tolist()
-    path, row = [], 0
-    while True:
-        r = p[row]
-        moved = False
-        for c in children[row]:
-            x = tokens[c]
-            u = float(torch.rand((), generator=generator, dtype=torch.float64))
-            if u * float(q[c, x]) < float(r[x]):
-                path.append(c)
-                if c == end:
-                    return path, None
-                row, moved = c + 1, True
-                break
-            left = (r - q[c]).clamp_min(0)  # the bug: no division by its mass
-            r = left if float(left.sum()) > 0 else p[row]
-        if not moved:
-            return path, int(torch.multinomial(r, 1, generator=generator))
+def _unnormalised(r: torch.Tensor, q: torch.Tensor) -> torch.Tensor:  # r, q [V] -> [V]
+    left = (r - q).clamp_min(0)  # the bug: no division by its mass
+    return left if float(left.sum()) > 0 else r
 
 
-class TreeUnnormalised(TreeVerifier):
-    """The tree verifier with `tree_rejection_unnormalised` for sampling."""
+class TreeUnnormalised(_PlantedRule):
+    """After a rejected sibling, the next one is tested against max(0, r - q_j), not renormalised."""
 
-    def verify_tree(
-        self,
-        proposal: TreeProposal,
-        p_logits: torch.Tensor,  # [n+1, V]
-        policy: TokenPolicy,
-        end: int | None = None,
-    ) -> TreeVerdict:
-        if not policy.do_sample or proposal.tree_q is None:
-            return super().verify_tree(proposal, p_logits, policy, end)
-        path, tok = tree_rejection_unnormalised(
-            proposal, policy.distribution(p_logits), policy.generator, end
-        )
-        return TreeVerdict(len(path), tok, tuple(path))
+    rule_options = {"recover": _unnormalised}
+    trees = True
 
 
 #: name -> (kind, class): the planted parts.
@@ -221,8 +189,8 @@ def planted_build(name: str) -> Callable[[Any], Any]:
     def build(case: Any) -> Any:
         if kind == "drafters":
             return case.builder(drafter=name)
-        if hasattr(cls, "verify_tree"):
-            return case.builder(drafter="tree", verifier=name)  # check it with TREE_SETTINGS
+        if cls.trees:  # its bug is between siblings: check it on trees (TREE_SETTINGS)
+            return case.builder(drafter="tree", verifier=name)
         return case.builder(verifier=name)
 
     return build

@@ -5,7 +5,7 @@ with its report) and raises a HippoError for bad usage (exit 2): an unknown name
 under several kinds without `kind`, a part that cannot be built with its defaults (the message names
 the missing options), a plugin whose registration hook raises (the message names its distribution).
 With `sampling`, the law test (`assert_sampling_exact`) runs on its default case; a verifier of token
-trees (one with `verify_tree`) is given the tree drafter, and tree parts are first checked with
+trees (one with `Verifier.trees`) is given the tree drafter, and tree parts are first checked with
 TREE_SETTINGS, where siblings are tested.
 """
 
@@ -62,8 +62,8 @@ def find_kind(name: str, kind: str | None = None) -> tuple[str, str]:
 
 
 def is_tree_verifier(cls: type) -> bool:
-    """A verifier of token trees (it has `verify_tree`, like the tree plugin's)."""
-    return callable(getattr(cls, "verify_tree", None))
+    """A verifier of token trees (`Verifier.trees`, like the stock ones)."""
+    return bool(getattr(cls, "trees", False))
 
 
 def _first(kind: str, want: Any, prefer: tuple[str, ...]) -> str | None:

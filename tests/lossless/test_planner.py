@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hippo
+from hippo.accept import DraftProposal
 from hippo.cost import BACKOFF_MAX, BACKOFF_START, GAMMA_START, AutoGamma, GammaPlan
 from hippo.errors import ConfigError
 from hippo.interfaces import Drafter
@@ -32,7 +33,7 @@ from hippo.testing import models as hm
 from hippo.testing import reference as hr
 from hippo.testing import strategies as hs
 from hippo.testing.drafters import corrupting_plugin
-from hippo.types import DraftProposal, Stats
+from hippo.types import Stats
 
 ADAPTER = "qwen2_5_vl"
 NEW = 64
@@ -62,7 +63,7 @@ class FlippingDrafter(Drafter):
     def propose(self, session, prefix, gamma, policy, should_stop=None) -> DraftProposal:  # prefix [T]
         prop = self.base.propose(session, prefix, gamma, policy, should_stop)
         new = prefix.shape[0] - session.prompt_length
-        if prop.gamma == 0 or sum(new >= f for f in self.config.flips) % 2:
+        if prop.size == 0 or sum(new >= f for f in self.config.flips) % 2:
             return prop
         tokens = prop.tokens.clone()  # [γ]
         tokens[0] = (tokens[0] + 1) % int(session.last_logits.shape[-1])

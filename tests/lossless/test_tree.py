@@ -27,12 +27,13 @@ from hypothesis import strategies as st
 from test_sampling import GEN, law_of, prompt, tv_threshold
 
 import hippo
+from hippo.accept import DraftProposal
 from hippo.interfaces import Drafter
 from hippo.testing import models as hm
 from hippo.testing import params as hp
 from hippo.testing import reference as hr
 from hippo.testing import strategies as hs
-from hippo_plugins.tree import TreeDrafter, TreeProposal, chain_of, score_tree
+from hippo_plugins.tree import TreeDrafter
 
 ADAPTERS = hp.adapter_params()
 CORRUPT_TREE = "test-corrupting-tree"
@@ -64,17 +65,16 @@ class CorruptingTreeDrafter(Drafter):
         c = self.config
         self.base = TreeDrafter.from_options(paths=c.paths, budget=c.budget, top_k=c.top_k)
 
-    def propose(self, session, prefix, gamma, policy, should_stop=None) -> TreeProposal:
+    def propose(self, session, prefix, gamma, policy, should_stop=None) -> DraftProposal:
         prop = self.base.propose(session, prefix, gamma, policy)
         if policy.do_sample:
             raise AssertionError("the corrupting tree drafter is for greedy tests")
-        tokens = prop.tree_tokens.clone()  # [n]
+        tokens = prop.tokens.clone()  # [n]
         vocab = int(session.last_logits.shape[-1]) if session.last_logits is not None else policy.vocab_size
         for i in range(tokens.shape[0]):
             if self.config.wrong and self.config.wrong[i % len(self.config.wrong)]:
                 tokens[i] = (int(tokens[i]) + self.config.shift) % vocab
-        chain = chain_of(prop.parents.tolist(), tokens.tolist())
-        return attrs.evolve(prop, tree_tokens=tokens, tokens=tokens[chain])
+        return attrs.evolve(prop, tokens=tokens)
 
 
 class _Plugin:
@@ -202,18 +202,17 @@ def test_tree_rounds_accept_branches_under_every_scheduler(adapter, scheduler):
 # ---- the tree forward against a naive expansion ---------------------------------------------------
 
 
-def random_tree(n: int, vocab: list[int], seed: int) -> TreeProposal:
+def random_tree(n: int, vocab: list[int], seed: int) -> DraftProposal:
+    """n >= 2 nodes, random parents, nodes 0 and 1 siblings (so it is not a chain)."""
     g = torch.Generator().manual_seed(seed)
-    parents = [-1] + [int(torch.randint(-1, i, (), generator=g)) for i in range(1, n)]
+    parents = [-1, -1] + [int(torch.randint(-1, i, (), generator=g)) for i in range(2, n)]
     tokens = [vocab[int(torch.randint(len(vocab), (), generator=g))] for _ in range(n)]
-    chain = chain_of(parents, tokens)
-    t = torch.tensor(tokens)
-    return TreeProposal(tokens=t[chain], tree_tokens=t, parents=torch.tensor(parents))
+    return DraftProposal(tokens=torch.tensor(tokens), parents=torch.tensor(parents))
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
 @settings(max_examples=hs.examples(0.5))
-@given(n=st.integers(1, 10), seed=hs.seeds, pending=st.integers(1, 3), history=st.integers(0, 2))
+@given(n=st.integers(2, 10), seed=hs.seeds, pending=st.integers(1, 3), history=st.integers(0, 2))
 def test_tree_forward_matches_each_path_run_alone(adapter, n, seed, pending, history):
     target = hm.tiny(adapter)
     ad = hm.part_class("adapters", adapter)(target)
@@ -222,31 +221,33 @@ def test_tree_forward_matches_each_path_run_alone(adapter, n, seed, pending, his
     p = hm.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[3:6], words[7:9])
     encoded = ad.encode(p.inputs)
     tree = random_tree(n, words, seed)
+    assert not tree.chain
     extra = torch.tensor(words[20 : 20 + history + pending])  # history: consumed before; pending: not yet
+    prefix = torch.cat([encoded.input_ids.cpu(), extra])  # [T]
 
     session = ad.prefill(encoded, None)
     if history:
         session.forward(extra[:history])
     past = session.cache.get_seq_length()
-    logits = score_tree(session, extra[history:], tree)  # [pending + n, V]
+    logits = session.score_proposal(prefix, tree)  # [n+1, V]: at the root, then after each node
     for i in range(n):
         naive = ad.prefill(encoded, None)
-        alone = naive.forward(torch.cat([extra, tree.tree_tokens[tree.path(i)]]))  # [.., V]
-        torch.testing.assert_close(logits[pending + i], alone[-1], rtol=0, atol=1e-9)
+        alone = naive.forward(torch.cat([extra, tree.tokens[tree.path(i)]]))  # [.., V]
+        torch.testing.assert_close(logits[1 + i], alone[-1], rtol=0, atol=1e-9)
     root = ad.prefill(encoded, None).forward(extra)[-1]
-    torch.testing.assert_close(logits[pending - 1], root, rtol=0, atol=1e-9)
+    torch.testing.assert_close(logits[0], root, rtol=0, atol=1e-9)
 
     # compaction: keep the pending tokens and the path to the last node, then continue; compare
     # with a fresh run
     path = tree.path(n - 1)
-    session.keep([*range(pending), *(pending + i for i in path)])
+    session.keep_path(prefix.shape[0], tree, path)
     assert session.length == encoded.length + history + pending + len(path)
     assert session.cache.get_seq_length() == past + pending + len(path)
-    assert session.generated == [*extra.tolist(), *tree.tree_tokens[path].tolist()]
-    torch.testing.assert_close(session.last_logits, logits[pending + path[-1]], rtol=0, atol=0)
+    assert session.generated == [*extra.tolist(), *tree.tokens[path].tolist()]
+    torch.testing.assert_close(session.last_logits, logits[1 + path[-1]], rtol=0, atol=0)
     nxt = torch.tensor(words[40:42])
     fresh = ad.prefill(encoded, None)
-    fresh.forward(torch.cat([extra, tree.tree_tokens[path]]))
+    fresh.forward(torch.cat([extra, tree.tokens[path]]))
     assert session.cache.get_seq_length() == fresh.cache.get_seq_length()
     torch.testing.assert_close(session.forward(nxt), fresh.forward(nxt), rtol=0, atol=1e-9)
 

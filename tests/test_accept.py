@@ -1,10 +1,11 @@
-"""The verification rules, exactly, in float64.
+"""The acceptance rules of `hippo.accept`, exactly, in float64.
 
 - law: for every position, P(accept x) q(x) + P(reject) residual(x) == p(x), in closed form (and the
   planted rules of hippo.testing.planted break it);
-- `rejection_verify` implements that rule: replaying its randomness gives the same decision;
-- it consumes a fixed amount of randomness whatever it decides (seeded runs stay aligned);
-- `greedy_verify`: longest matching prefix, then the target's next argmax.
+- `accept_sampled` implements that rule on chains: replaying its randomness gives the same decision;
+- on trees it tests siblings in order against the running residual;
+- `accept_greedy`: the longest path equal to p's argmax, then p's next argmax (chains and trees);
+- the proposal: a tree without siblings is a chain; its spine, depths, paths and chunks.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hippo.accept import DraftProposal, accept_greedy, accept_sampled, residual
 from hippo.testing.strategies import examples
-from hippo_plugins.verifiers import greedy_verify, rejection_verify, residual
 
 vocab = st.integers(2, 12)
 gammas = st.integers(0, 6)
@@ -37,11 +38,11 @@ def acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:  # p, q [V] ->
 
 
 @st.composite
-def laws(draw, same_allowed: bool = True, bonus: bool = True):
-    """(p [γ+1, V], q [γ, V]); p has only γ rows (no bonus row) when `bonus` is False."""
+def laws(draw, same_allowed: bool = True):
+    """(p [γ+1, V], q [γ, V])."""
     V, gamma = draw(vocab, label="V"), draw(gammas, label="γ")
     sparsity = draw(st.sampled_from([0.0, 0.3, 0.6]), label="sparsity")
-    p = distributions(gamma + int(bonus), V, draw(seeds, label="p seed"), sparsity)  # [γ(+1), V]
+    p = distributions(gamma + 1, V, draw(seeds, label="p seed"), sparsity)  # [γ+1, V]
     q = distributions(gamma, V, draw(seeds, label="q seed"), sparsity)  # [γ, V]
     if same_allowed and draw(st.booleans(), label="q == p"):
         q = p[:gamma].clone()
@@ -98,90 +99,102 @@ def draw_drafts(q: torch.Tensor, seed: int) -> torch.Tensor:  # q [γ, V] -> x [
     return torch.multinomial(q, 1, generator=torch.Generator().manual_seed(seed))[:, 0]
 
 
+def sampled(x: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, g: torch.Generator) -> tuple:
+    """accept_sampled on a chain, as (accepted count, next token)."""
+    v = accept_sampled(DraftProposal(tokens=x, q=q), p, g)
+    assert v.path == tuple(range(v.n_accepted))
+    return v.n_accepted, v.next_token
+
+
 @settings(max_examples=examples(5))
-@given(st.booleans().flatmap(lambda bonus: laws(bonus=bonus)), seeds, seeds)
-def test_rejection_verify_follows_the_rule(law, draft_seed, seed):
-    """Replay the generator: accept x_i iff u_i < p_i(x_i)/q_i(x_i); then the residual, or p_γ
-    (the bonus), or nothing when p has no bonus row and all γ were accepted."""
+@given(laws(), seeds, seeds)
+def test_accept_sampled_follows_the_rule(law, draft_seed, seed):
+    """Replay the generator: accept x_i iff u_i < p_i(x_i)/q_i(x_i), one uniform per token tested;
+    then the residual after a reject, or p_γ (the bonus) after all γ."""
     p, q = law
     gamma = q.shape[0]
     x = draw_drafts(q, draft_seed)  # [γ]
     g = torch.Generator().manual_seed(seed)
-    n, token = rejection_verify(x, q, p, g)
+    n, token = sampled(x, q, p, g)
 
     replay = torch.Generator().manual_seed(seed)
-    u = torch.rand(gamma, generator=replay, dtype=torch.float64)  # [γ]
-    ratio = p[torch.arange(gamma), x] / q[torch.arange(gamma), x]  # [γ]
-    expected_n = next((i for i in range(gamma) if not u[i] < ratio[i]), gamma)
-    if expected_n == gamma and p.shape[0] == gamma:  # no bonus row: nothing drawn
-        assert (n, token) == (gamma, None)
-        assert torch.equal(g.get_state(), replay.get_state())
-        return
+    expected_n = gamma
+    for i in range(gamma):
+        u = float(torch.rand((), generator=replay, dtype=torch.float64))
+        if not u < float(p[i, x[i]] / q[i, x[i]]):
+            expected_n = i
+            break
     law_next = p[gamma] if expected_n == gamma else residual(p[expected_n], q[expected_n])  # [V]
     expected_token = int(torch.multinomial(law_next, 1, generator=replay))
     assert (n, token) == (expected_n, expected_token)
     assert law_next[token] > 0
     assert torch.equal(g.get_state(), replay.get_state())
+    assert sampled(x, q, p, torch.Generator().manual_seed(seed)) == (n, token)  # same seed, same verdict
 
 
-@settings(max_examples=examples(3))
-@given(vocab, gammas, st.lists(seeds, min_size=2, max_size=4), seeds)
-def test_rejection_consumes_fixed_randomness(V, gamma, law_seeds, seed):
-    """Whatever the decision, the generator ends in the same state: seeded runs stay reproducible."""
-    states, verdicts = [], []
-    for s in law_seeds:
-        p = distributions(gamma + 1, V, s, 0.3)
-        q = distributions(gamma, V, s + 1, 0.3)
-        g = torch.Generator().manual_seed(seed)
-        verdicts.append(rejection_verify(draw_drafts(q, s), q, p, g))
-        states.append(g.get_state())
-        g2 = torch.Generator().manual_seed(seed)
-        assert rejection_verify(draw_drafts(q, s), q, p, g2) == verdicts[-1]  # same seed, same verdict
-    assert all(torch.equal(states[0], st_) for st_ in states[1:])
-
-
-def test_rejection_accepts_everything_when_q_equals_p_one_hot():
+def test_accept_sampled_accepts_everything_when_q_equals_p_one_hot():
     p = torch.nn.functional.one_hot(torch.tensor([3, 1, 4, 0]), 6).double()  # [γ+1, V]
-    n, token = rejection_verify(torch.tensor([3, 1, 4]), p[:3], p, torch.Generator().manual_seed(0))
-    assert (n, token) == (3, 0)
+    x = torch.tensor([3, 1, 4])
+    assert sampled(x, p[:3], p, torch.Generator().manual_seed(0)) == (3, 0)
+    assert sampled(x, None, p, torch.Generator().manual_seed(0)) == (3, 0)  # q None: one-hot drafts
 
 
-def test_rejection_rejects_a_token_p_cannot_emit():
+def test_accept_sampled_rejects_a_token_p_cannot_emit():
     p = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], dtype=torch.float64)  # [γ+1, V]
     q = torch.tensor([[0.0, 0.0, 1.0]], dtype=torch.float64)  # [γ, V]
     for seed in range(20):
-        n, token = rejection_verify(torch.tensor([2]), q, p, torch.Generator().manual_seed(seed))
-        assert n == 0 and token in (0, 1)
+        for law in (q, None):
+            n, token = sampled(torch.tensor([2]), law, p, torch.Generator().manual_seed(seed))
+            assert n == 0 and token in (0, 1)
+
+
+def test_accept_sampled_tests_siblings_against_the_running_residual():
+    """Root children 0, 1 (tokens 2 then 0); child 0 is impossible under p, so it is always rejected
+    and child 1 is tested against norm(max(0, p_0 - q_0)); p_0 = (0.5, 0.5, 0) and q_0 one-hot on 2
+    leave r = p_0, so token 0 is accepted with r(0)/q_1(0) = 0.5 / 1."""
+    tree = DraftProposal(
+        tokens=torch.tensor([2, 0]),
+        q=torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64),  # [n, V]
+        parents=torch.tensor([-1, -1]),
+    )
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.1, 0.1, 0.8], [0.0, 1.0, 0.0]], dtype=torch.float64)  # [n+1, V]
+    got = [accept_sampled(tree, p, torch.Generator().manual_seed(s)) for s in range(400)]
+    accepted = [v for v in got if v.path]
+    assert all(v.path == (1,) and v.next_token == 1 for v in accepted)  # then the bonus from p after node 1
+    assert all(v.next_token == 1 for v in got if not v.path)  # the residual after both: (0, 1, 0)
+    assert 150 < len(accepted) < 250  # P(accept child 1) = 1/2
 
 
 # ---- greedy -------------------------------------------------------------------------------------
 
 
-def scores_for(argmaxes: list[int], V: int, seed: int = 0) -> torch.Tensor:  # -> [γ+1, V]
+def scores_for(argmaxes: list[int], V: int, seed: int = 0) -> torch.Tensor:  # -> [n+1, V]
     """Scores whose row-wise argmax is `argmaxes` (noise elsewhere, strictly below the max)."""
     noise = torch.rand(len(argmaxes), V, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return noise + 2.0 * torch.nn.functional.one_hot(torch.tensor(argmaxes), V).double()
 
 
+def greedy(draft: list[int], argmaxes: list[int], V: int = 9, seed: int = 0) -> tuple:
+    v = accept_greedy(
+        DraftProposal(tokens=torch.tensor(draft, dtype=torch.long)), scores_for(argmaxes, V, seed)
+    )
+    return v.n_accepted, v.next_token
+
+
 def test_greedy_all_accepted_gives_the_bonus():
-    assert greedy_verify(torch.tensor([4, 2, 7]), scores_for([4, 2, 7, 5], 9)) == (3, 5)
+    assert greedy([4, 2, 7], [4, 2, 7, 5]) == (3, 5)
 
 
 def test_greedy_first_wrong_accepts_nothing():
-    assert greedy_verify(torch.tensor([1, 2, 7]), scores_for([4, 2, 7, 5], 9)) == (0, 4)
+    assert greedy([1, 2, 7], [4, 2, 7, 5]) == (0, 4)
 
 
 def test_greedy_stops_at_the_first_mismatch_even_if_later_ones_match():
-    assert greedy_verify(torch.tensor([4, 3, 7, 5]), scores_for([4, 2, 7, 5, 0], 9)) == (1, 2)
-
-
-def test_greedy_without_bonus_row_has_no_next_token_when_all_accepted():
-    assert greedy_verify(torch.tensor([4, 2, 7]), scores_for([4, 2, 7], 9)) == (3, None)
-    assert greedy_verify(torch.tensor([4, 3, 7]), scores_for([4, 2, 7], 9)) == (1, 2)
+    assert greedy([4, 3, 7, 5], [4, 2, 7, 5, 0]) == (1, 2)
 
 
 def test_greedy_empty_draft_is_one_target_token():
-    assert greedy_verify(torch.zeros(0, dtype=torch.long), scores_for([6], 9)) == (0, 6)
+    assert greedy([], [6]) == (0, 6)
 
 
 @settings(max_examples=examples(5))
@@ -189,12 +202,31 @@ def test_greedy_empty_draft_is_one_target_token():
 def test_greedy_is_longest_matching_prefix(data):
     V = data.draw(vocab, label="V")
     gamma = data.draw(gammas, label="γ")
-    rows = gamma + (1 if gamma == 0 else data.draw(st.sampled_from([1, 0]), label="bonus row"))
-    target = data.draw(st.lists(st.integers(0, V - 1), min_size=rows, max_size=rows), label="argmax")
+    target = data.draw(
+        st.lists(st.integers(0, V - 1), min_size=gamma + 1, max_size=gamma + 1), label="argmax"
+    )
     draft = data.draw(st.lists(st.integers(0, V - 1), min_size=gamma, max_size=gamma), label="draft")
     expected = next((i for i in range(gamma) if draft[i] != target[i]), gamma)
-    got = greedy_verify(torch.tensor(draft, dtype=torch.long), scores_for(target, V, seed=gamma))
-    assert got == (expected, target[expected] if expected < rows else None)
+    assert greedy(draft, target, V, seed=gamma) == (expected, target[expected])
+
+
+def test_greedy_on_a_tree_takes_the_matching_branch():
+    """Root children 0 (token 5) and 1 (token 4); node 2 (token 7) below node 1, node 3 (token 1) below 0.
+    p's argmax: 4 at the root, 7 after node 1, 3 after node 2: path (1, 2), then 3."""
+    tree = DraftProposal(tokens=torch.tensor([5, 4, 7, 1]), parents=torch.tensor([-1, -1, 1, 0]))
+    scores = scores_for([4, 0, 7, 3, 0], 9)  # rows: root, after node 0, 1, 2, 3
+    v = accept_greedy(tree, scores)
+    assert (v.path, v.next_token) == ((1, 2), 3)
+    assert tree.spine() == [0, 3] and tree.depth == 2 and tree.path(2) == [1, 2]
+
+
+def test_a_tree_without_siblings_is_a_chain():
+    chain = DraftProposal(tokens=torch.tensor([3, 1, 4]), parents=torch.tensor([-1, 0, 1]))
+    assert chain.chain and chain.parents is None and chain.spine() == [0, 1, 2] and chain.depth == 3
+    assert [c.tokens.tolist() for c in chain.chunks(2)] == [[3, 1], [4]]
+    tree = DraftProposal(tokens=torch.tensor([3, 1, 4]), parents=torch.tensor([-1, 0, 0]))
+    assert not tree.chain and tree.chunks(1) == [tree] and tree.spine_tokens().tolist() == [3, 1]
+    assert tree.truncate(2).chain  # nodes 0 and 1 alone form a chain
 
 
 # ---- the law check's statistics (hippo.testing.power) ---------------------------------------------

@@ -1,0 +1,279 @@
+"""How a draft token is accepted: the proposal, the acceptance rules, and the verification round.
+
+Notation (as in the paper): p = target, q = draft, γ = draft length, V = vocabulary, T = tokens in the
+sequence so far, n = draft tokens in a proposal (γ for a chain; the nodes of a token tree).
+
+A proposal is n draft tokens stored parent-first: token i continues the prefix followed by the path
+to its parent `parents[i]` (< i; -1 = the prefix itself). A chain is the tree in which token i's parent
+is i - 1, so chains and trees are verified by the same two rules, walking from the root:
+
+- **greedy**: at node v move to the child whose token is argmax p_v; at the first node without one,
+  emit argmax p_v. The accepted path is the longest one that greedy decoding of p would emit.
+- **sampling** (Leviathan et al.; recursive, without replacement, for siblings as in SpecInfer):
+  at node v, with residual r = p_v and children c_1..c_k drawn from laws q_1..q_k, accept c_j with
+  probability min(1, r(c_j) / q_j(c_j)); on accept move to c_j, on reject set r <- norm(max(0, r - q_j)).
+  When no child is accepted, draw the next token from r. By induction over the children left, the
+  token emitted at v is distributed as p_v whatever the drafts were, so the output is distributed as
+  sampling from p token by token. (A tree drafter draws sibling j from q with siblings 1..j-1 zeroed
+  and records that law as q_j; a chain has one child per node and q_j = q.)
+
+Each round therefore yields:
+- *accepted* tokens: the path of draft tokens the rule keeps (0 to the proposal's depth);
+- one *recovered* token (drawn after the last reject, from r) or *bonus* token (after a leaf, from
+  p at the leaf): `Verdict.next_token`.
+
+PEARL's post-verify (the parallel schedules' `bonus=False`): the draft has already continued after
+the proposal's first-child chain (its *spine*). When the accepted path is that whole spine, the round
+drops its bonus token; p at the spine's end stays in the target's cache and checks the continuation's
+first token in the next round. A dropped draw is fresh randomness never used, so this is exact too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import torch
+
+from hippo.errors import UnsupportedError
+
+if TYPE_CHECKING:
+    from hippo.sampling import TokenPolicy
+
+
+@attrs.frozen
+class DraftProposal:
+    """n draft tokens (a chain, or a token tree stored parent-first) and, when sampling, their laws."""
+
+    tokens: torch.Tensor  # [n] long
+    q: torch.Tensor | None = None  # [n, V] law each token was drawn from (None for greedy drafts)
+    parents: torch.Tensor | None = None  # [n] long: parent of each token, -1 = the prefix; None = a chain
+
+    def __attrs_post_init__(self):
+        par = self.parents
+        if par is not None and torch.equal(par.cpu(), torch.arange(par.shape[0]) - 1):
+            object.__setattr__(self, "parents", None)  # a tree without siblings is a chain
+
+    @property
+    def chain(self) -> bool:
+        return self.parents is None
+
+    @property
+    def size(self) -> int:
+        """Draft tokens made (a round books them as drafted)."""
+        return int(self.tokens.shape[0])
+
+    def parent_list(self) -> list[int]:
+        return list(range(-1, self.size - 1)) if self.parents is None else self.parents.tolist()
+
+    def depths(self) -> torch.Tensor:  # [n], 1 for the children of the prefix
+        if self.parents is None:
+            return torch.arange(1, self.size + 1)
+        d: list[int] = []
+        for par in self.parents.tolist():
+            d.append(1 if par < 0 else d[par] + 1)
+        return torch.tensor(d, dtype=torch.long)
+
+    @property
+    def depth(self) -> int:
+        """The most draft tokens one round can accept; fewer accepted means a rejection."""
+        return int(self.depths().max()) if self.size else 0
+
+    def children(self) -> list[list[int]]:  # [n + 1] lists: entry 0 is the root, node i is entry i + 1
+        out: list[list[int]] = [[] for _ in range(self.size + 1)]
+        for i, par in enumerate(self.parent_list()):
+            out[par + 1].append(i)
+        return out
+
+    def path(self, node: int) -> list[int]:  # node indices from the root's child down to `node`
+        parents, out = self.parent_list(), []
+        while node >= 0:
+            out.append(node)
+            node = parents[node]
+        return out[::-1]
+
+    def spine(self) -> list[int]:
+        """Node indices of the first-child chain from the root: where a parallel draft continues."""
+        if self.parents is None:
+            return list(range(self.size))
+        children, out, v = self.children(), [], -1
+        while children[v + 1]:
+            v = children[v + 1][0]
+            out.append(v)
+        return out
+
+    def spine_tokens(self) -> torch.Tensor:  # [s]
+        return self.tokens if self.parents is None else self.tokens[self.spine()]
+
+    def ancestor_mask(self) -> torch.Tensor:  # [n, n] bool: [i, j] = node j is node i or one of its ancestors
+        n, parents = self.size, self.parent_list()
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            mask[i, i] = True
+            if parents[i] >= 0:
+                mask[i] |= mask[parents[i]]
+        return mask
+
+    def truncate(self, n: int) -> DraftProposal:
+        """The first n tokens (parent-first, so still a tree): what a drafting stopped early had made."""
+        return DraftProposal(
+            tokens=self.tokens[:n],
+            q=None if self.q is None else self.q[:n],
+            parents=None if self.parents is None else self.parents[:n],
+        )
+
+    def chunks(self, size: int) -> list[DraftProposal]:
+        """A chain in consecutive pieces of at most `size` tokens, to verify one after the other
+        without bonus tokens (a piece's last target row checks the next piece's first token).
+        A tree is verified whole."""
+        if size >= self.size or self.parents is not None:
+            return [self]
+        return [
+            DraftProposal(
+                tokens=self.tokens[i : i + size], q=None if self.q is None else self.q[i : i + size]
+            )
+            for i in range(0, self.size, size)
+        ]
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> DraftProposal:
+        """The same proposal with `fn` applied to each tensor field (to host, to shared memory)."""
+        changes = {
+            a.name: fn(getattr(self, a.name))
+            for a in attrs.fields(type(self))
+            if isinstance(getattr(self, a.name), torch.Tensor)
+        }
+        return attrs.evolve(self, **changes)
+
+    def cpu(self) -> DraftProposal:
+        return self.map_tensors(lambda t: t.cpu())
+
+
+@attrs.frozen
+class Verdict:
+    """A rule's decision: the accepted `path` (node indices, root first), then `next_token`.
+
+    `next_token` is the recovered or bonus token; None when a round dropped its bonus token.
+    """
+
+    path: tuple[int, ...]
+    next_token: int | None
+
+    @property
+    def n_accepted(self) -> int:
+        return len(self.path)
+
+
+# ---- the two rules, as pure functions ---------------------------------------------------------
+
+
+def accept_greedy(
+    proposal: DraftProposal,
+    p_scores: torch.Tensor,  # [n+1, V] processed target scores: row 0 at the root, row i+1 after node i
+) -> Verdict:
+    """The longest path of draft tokens equal to p's argmax at each step, then p's next argmax."""
+    best = p_scores.argmax(-1).tolist()  # [n+1]
+    children, tokens = proposal.children(), proposal.tokens.tolist()
+    path, row = [], 0
+    while True:
+        nxt = next((c for c in children[row] if tokens[c] == best[row]), None)
+        if nxt is None:
+            return Verdict(tuple(path), best[row])
+        path.append(nxt)
+        row = nxt + 1
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:  # p, q [V] -> [V]
+    """norm(max(0, p - q)); falls back to p when the difference has no mass (then p == q)."""
+    r = (p - q).clamp_min(0)
+    total = r.sum()
+    return r / total if total > 0 else p
+
+
+def accept_sampled(
+    proposal: DraftProposal,  # tokens [n], q [n, V] (None: each token was certain, q one-hot)
+    p: torch.Tensor,  # [n+1, V] target probabilities: row 0 at the root, row i+1 after node i
+    generator: torch.Generator,
+) -> Verdict:
+    """Rejection sampling down the tree (see the module docstring): accepted path + next token.
+
+    Consumes one uniform per child tested and one categorical draw, so seeded runs are reproducible.
+    """
+    p = p.double().cpu()
+    q = None if proposal.q is None else proposal.q.double().cpu()
+    children, tokens = proposal.children(), proposal.tokens.tolist()
+    path, row = [], 0
+    while True:
+        r = p[row]  # [V] residual target at this node
+        for c in children[row]:
+            x = tokens[c]
+            q_c = q[c] if q is not None else torch.zeros_like(r).index_fill_(0, torch.tensor(x), 1.0)
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            if u * float(q_c[x]) < float(r[x]):  # u < r(x) / q_c(x); q_c(x) > 0 since x ~ q_c
+                path.append(c)
+                row = c + 1
+                break
+            r = residual(r, q_c)
+        else:  # no child accepted (or a leaf): the recovered or bonus token
+            return Verdict(tuple(path), int(torch.multinomial(r, 1, generator=generator)))
+
+
+# ---- the verification round -------------------------------------------------------------------
+
+
+class RoundJob(Protocol):
+    """What the round reads and writes on the job (hippo.job.DecodeJob)."""
+
+    policy: TokenPolicy
+    verifier: Any  # hippo.interfaces.Verifier
+    stats: Any  # hippo.types.Stats
+
+    def prefix(self) -> torch.Tensor: ...  # [T]
+    def emit(self, tokens: list[int]) -> int: ...
+    def observe(self, side: str, what: str, t0: float, **fields: Any) -> None: ...
+
+
+def verify_round(job: RoundJob, target: Any, proposal: DraftProposal, bonus: bool = True) -> Verdict:
+    """The one verification round of every schedule: score the proposal with p in one pass, accept
+    a path with the verifier's rule, keep that path in p's cache, emit, and book the round.
+
+    `target` is a `hippo.interfaces.ModelSession`; it first consumes the emitted tokens it has not seen
+    (the previous round's next token). `bonus=False`: PEARL's post-verify (see the module docstring).
+    """
+    t0 = time.perf_counter()
+    prefix = job.prefix()  # [T]
+    logits = target.score_proposal(prefix, proposal)  # [n+1, V] raw p: at the root, then after each node
+    scores = process_rows(job.policy, prefix, proposal, logits)  # [n+1, V]
+    if not (proposal.chain or job.verifier.trees):
+        raise UnsupportedError(
+            f"verifier {type(job.verifier).__name__} verifies chains only, but the drafter made a token "
+            "tree; use a stock verifier ('greedy', 'rejection') or leave the verifier unset"
+        )
+    verdict = job.verifier.verify(proposal, scores, job.policy)
+    if not bonus and list(verdict.path) == proposal.spine():  # the draft's continuation is checked next
+        verdict = Verdict(verdict.path, None)
+    target.keep_path(prefix.shape[0], proposal, verdict.path)
+    nxt = [] if verdict.next_token is None else [verdict.next_token]
+    kept = job.emit([*proposal.tokens[list(verdict.path)].tolist(), *nxt])
+    # `kept` < accepted + 1 only in the last round (token budget or EOS reached)
+    a, depth = verdict.n_accepted, proposal.depth
+    job.stats.record_round(proposal.size, a, kept, a < depth)
+    job.observe("target", "verify", t0, pos=prefix.shape[0], n=proposal.size, depth=depth, accepted=a,
+                rejected=depth - a, emitted=kept)  # fmt: skip
+    return verdict
+
+
+def process_rows(
+    policy: TokenPolicy,
+    prefix: torch.Tensor,  # [T]
+    proposal: DraftProposal,
+    logits: torch.Tensor,  # [n+1, V] raw target logits, as `ModelSession.score_proposal` returns them
+) -> torch.Tensor:  # [n+1, V]
+    """Each row through the policy's logits processors, with the sequence that row conditions on."""
+    if proposal.chain or not policy.processors:  # row i conditions on prefix + tokens[:i]
+        seq = torch.cat([prefix, proposal.tokens.cpu()])[: prefix.shape[0] + logits.shape[0] - 1]
+        return policy.process(seq, logits)
+    tokens = proposal.tokens.cpu()
+    seqs = [prefix] + [torch.cat([prefix, tokens[proposal.path(i)]]) for i in range(proposal.size)]
+    return torch.cat([policy.process(s, r[None]) for s, r in zip(seqs, logits)])
