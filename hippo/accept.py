@@ -32,15 +32,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import attrs
 import torch
 
 from hippo.errors import UnsupportedError
 
-if TYPE_CHECKING:
-    from hippo.sampling import TokenPolicy
+#: a `hippo.sampling.TokenPolicy`: the target's logits processors, decoding mode and generator
+TokenPolicy = Any
 
 
 @attrs.frozen

@@ -22,17 +22,18 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
 
+from hippo.conversation import Conversation
 from hippo.errors import InputError, MemoryBudgetError
 from hippo.interfaces import Adapter, Encoded, Scorer
 from hippo.session import KVSession, fork_cache
 
-if TYPE_CHECKING:
-    from hippo.pipeline import Pipeline
+#: the `hippo.pipeline.Pipeline` that prepares a context (its adapters, scorer and context budget)
+Pipeline = Any
 
 #: [1, L] tensors of processor inputs that follow the prompt's tokens, and the value a text token gets
 PER_TOKEN = {"input_ids": None, "attention_mask": 1, "mm_token_type_ids": 0, "token_type_ids": 0}
@@ -236,10 +237,8 @@ class VideoContext:
     def nbytes(self) -> int:
         return self.memory()["total"]
 
-    def conversation(self) -> Any:
+    def conversation(self) -> Conversation:
         """A multi-turn `Conversation` about this video."""
-        from hippo.conversation import Conversation
-
         return Conversation(self.pipeline, self)
 
     def close(self) -> None:
@@ -329,7 +328,9 @@ def check_budget(pipe: Pipeline, estimate: int, prefix_length: int) -> None:
 
 
 class Turn:
-    """One question on a video context: what `DecodeJob` needs instead of encoding and prefilling."""
+    """One question on a video context: a `hippo.job.PromptSource` that extends the cached prefix."""
+
+    kind = "extend"  # p is fed only the question's tokens
 
     def __init__(self, ctx: VideoContext, question: torch.Tensor):  # question [k] token ids
         ctx._check_open()

@@ -10,16 +10,16 @@ answers exactly as `target.generate` on the whole conversation prompt would be.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from hippo.errors import InputError, ModelError
+from hippo.types import GenerateOutput
 
-if TYPE_CHECKING:
-    from hippo.context import VideoContext
-    from hippo.pipeline import Pipeline
-    from hippo.types import GenerateOutput
+#: a prepared video (`hippo.context.VideoContext`: its tokenizer and pipeline), and the
+#: `hippo.pipeline.Pipeline` that answers (`ask_ids`); both sit above this module
+VideoContext = Pipeline = Any
 
 Question = str | Sequence[int] | torch.Tensor
 

@@ -16,9 +16,7 @@ import torch
 if TYPE_CHECKING:
     from hippo.accept import DraftProposal
     from hippo.events import EventLog
-    from hippo.interfaces import Adapter, Drafter, Encoded, ModelSession
-    from hippo.job import DecodeJob
-    from hippo.pipeline import SessionKind
+    from hippo.interfaces import Adapter, Drafter, Encoded, ModelSession, SessionKind
     from hippo.sampling import TokenPolicy
 
 
@@ -48,19 +46,6 @@ class DraftSide:
         self._forwards_closed = 0  # and their forward passes
         self._compile_closed = 0.0  # and their compiling seconds
         self.events: EventLog | None = None  # where to book its work (a timeline was asked for)
-
-    @classmethod
-    def for_job(cls, job: DecodeJob, own_policy: bool = False) -> DraftSide:
-        """The job's draft side; `own_policy` gives it a forked generator (a draft on another thread)."""
-        p = job.pipeline
-        same = p.draft_adapter.model is p.target_adapter.model
-        policy = job.policy.fork() if own_policy else job.policy
-        encode = job.target_encoded if same else job.draft_encode
-        side = cls(
-            p.draft_adapter, p.drafter, job.inputs, policy, encode, p.sessions["draft"], job.max_new_tokens
-        )
-        side.events = job.events
-        return side
 
     def encoded(self) -> Encoded:
         if self._encoded is None:

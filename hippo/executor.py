@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from hippo.errors import HippoError
-from hippo.interfaces import Component
+from hippo.interfaces import Component, Job
 
 if TYPE_CHECKING:
     from hippo.accept import DraftProposal
-    from hippo.job import DecodeJob
 
 T = TypeVar("T")
 
@@ -86,7 +85,7 @@ class Executor(Component):
         self.target_busy: list[tuple[float, float]] = []
 
     @abstractmethod
-    def open(self, job: DecodeJob) -> DraftWorker:
+    def open(self, job: Job) -> DraftWorker:
         """A worker for this job's draft (inputs, sampling policy, drafter)."""
 
     def target(self, kind: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -11,7 +11,7 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import attrs
 import torch
@@ -20,9 +20,8 @@ from hippo.errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:
     from hippo.accept import DraftProposal, Verdict
-    from hippo.job import DecodeJob
     from hippo.sampling import TokenPolicy
-    from hippo.types import VideoClip, VisualTokens
+    from hippo.types import Stats, VideoClip, VisualTokens
 
 
 @attrs.frozen
@@ -245,6 +244,33 @@ class Verifier(Component):
     ) -> Verdict: ...
 
 
+class SessionKind(Protocol):
+    """What takes over a role's prefilled sessions (packed weights, a static cache, compiled)."""
+
+    def open(self, session: ModelSession, new_tokens: int) -> ModelSession: ...
+
+
+class Job(Protocol):
+    """The one generation a scheduler drives (`hippo.job.DecodeJob`): what a schedule may call.
+
+    A schedule decides when the draft drafts and the target verifies; every emitted token goes
+    through `first_token`, `target_step` or `verify_round`, so it never decides *what* is emitted.
+    """
+
+    done: bool  # EOS or the token budget reached
+    remaining: int  # tokens still allowed
+    stats: Stats
+    policy: TokenPolicy
+
+    def prefix(self) -> torch.Tensor: ...  # [T] prompt + emitted tokens
+    def prefill_target(self) -> ModelSession: ...
+    def draft_side(self) -> Any: ...  # hippo.draft.DraftSide, prefilled on the kept visual tokens
+    def new_draft_side(self, own_policy: bool = False) -> Any: ...  # another one, not prefilled (executors)
+    def first_token(self, target: ModelSession) -> None: ...
+    def target_step(self, target: ModelSession) -> None: ...
+    def verify_round(self, target: ModelSession, proposal: DraftProposal, bonus: bool = True) -> Verdict: ...
+
+
 class Scheduler(Component):
     """Decides when the draft drafts and the target verifies. It never decides *what* is emitted."""
 
@@ -252,7 +278,7 @@ class Scheduler(Component):
     needs_draft: ClassVar[bool] = True
 
     @abstractmethod
-    def run(self, job: DecodeJob) -> None:
+    def run(self, job: Job) -> None:
         """Drive `job` until `job.done`, emitting tokens through `job.emit`."""
 
     def close(self) -> None:  # noqa: B027 - optional hook

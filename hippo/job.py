@@ -1,24 +1,94 @@
-"""One `generate` call: the state a scheduler drives, and the bookkeeping shared by all schedules."""
+"""One `generate` call: the state a scheduler drives, and the bookkeeping shared by all schedules.
+
+Where the prompt comes from is a `PromptSource`: a fresh prompt (`FreshPrompt`: encoded and
+prefilled whole), or a question on a prepared video (`hippo.context.Turn`: the cached prefix
+extended by the question's tokens). The job never asks which one it has.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from hippo.accept import verify_round
 from hippo.draft import DraftSide
 from hippo.events import EventLog, label
-from hippo.interfaces import ModelSession, Scorer, ScoringContext, Verifier
+from hippo.interfaces import (
+    Adapter,
+    Drafter,
+    Encoded,
+    ModelSession,
+    Scorer,
+    ScoringContext,
+    Selector,
+    Verifier,
+)
 from hippo.types import Stats
 
 if TYPE_CHECKING:
-    from hippo.context import Turn
-    from hippo.pipeline import Pipeline
+    from hippo.interfaces import SessionKind
     from hippo.sampling import TokenPolicy
+
+
+class Parts(Protocol):
+    """The pipeline's parts a job uses (`hippo.pipeline.Pipeline` has them)."""
+
+    target_adapter: Adapter
+    draft_adapter: Adapter | None
+    scorer: Scorer | None
+    selector: Selector
+    drafter: Drafter
+    sessions: dict[str, SessionKind | None]  # per role: what takes over its prefilled sessions
+
+
+class PromptSource(Protocol):
+    """Where a job's prompt comes from: p's encoding and prefill, and q's encoding."""
+
+    #: "prefill" (the whole prompt) or "extend" (only a question's tokens, after a cached prefix)
+    kind: str
+    #: per-video memo for question-independent scores (ScoringContext.memo), or None
+    memo: dict | None
+
+    def target_encoded(self) -> Encoded: ...
+    def prefill_target(self, scorer: Scorer | None) -> ModelSession: ...
+
+    #: how q gets its encoded prompt when q is another model: None = encode the inputs
+    draft_encoded: Callable[[], Encoded] | None
+
+    def draft_prefix(self) -> Any: ...  # what a draft process needs to rebuild `draft_encoded` (or None)
+
+
+class FreshPrompt:
+    """A prompt encoded and prefilled whole by p's adapter."""
+
+    kind = "prefill"
+    memo = None
+    draft_encoded = None
+
+    def __init__(self, adapter: Adapter, inputs: dict[str, Any], stage: Callable[[str], Any]):
+        self.adapter, self.inputs, self.stage = adapter, inputs, stage
+        self._encoded: Encoded | None = None
+
+    def target_encoded(self) -> Encoded:
+        if self._encoded is None:
+            with self.stage("vision encoding"):
+                self._encoded = self.adapter.encode(self.inputs)
+        return self._encoded
+
+    def prefill_target(self, scorer: Scorer | None) -> ModelSession:
+        encoded = self.target_encoded()
+        observe = (
+            scorer.observe_target_prefill(self.adapter, encoded) if scorer is not None else nullcontext()
+        )
+        with observe:
+            return self.adapter.prefill(encoded, keep=None)
+
+    def draft_prefix(self) -> None:
+        return None
 
 
 class DecodeJob:
@@ -30,7 +100,7 @@ class DecodeJob:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: Parts,
         inputs: dict[str, Any],
         prompt_ids: torch.Tensor,  # [L]
         policy: TokenPolicy,
@@ -40,7 +110,7 @@ class DecodeJob:
         streamer: Any = None,
         progress: Callable[[str, str], None] | None = None,  # progress(stage, "start" | "end")
         record_events: bool = False,  # book every piece of work on stats.events (a timeline)
-        turn: Turn | None = None,  # a question on a video context: encoded and prefilled from its cache
+        source: PromptSource | None = None,  # None: a FreshPrompt of `inputs`
     ):
         self.pipeline = pipeline
         self.inputs = inputs
@@ -51,7 +121,9 @@ class DecodeJob:
         self.eos_ids = frozenset(int(e) for e in eos_ids)
         self.streamer = streamer
         self.progress = progress
-        self.turn = turn
+        self.source = (
+            source if source is not None else FreshPrompt(pipeline.target_adapter, inputs, self.stage)
+        )
         self.tokens: list[int] = []
         self.stats = Stats()
         self.done = max_new_tokens <= 0
@@ -101,40 +173,26 @@ class DecodeJob:
         yield
         self.progress(name, "end")
 
-    def target_encoded(self):
+    def target_encoded(self) -> Encoded:
         if self._target_encoded is None:
             t0 = time.perf_counter()
-            if self.turn is not None:  # the video was encoded once, by the context
-                self._target_encoded = self.turn.target_encoded()
-            else:
-                with self.stage("vision encoding"):
-                    self._target_encoded = self.pipeline.target_adapter.encode(self.inputs)
+            self._target_encoded = self.source.target_encoded()
             self.stats.seconds_target_prefill += time.perf_counter() - t0
-            if self.events is not None:
-                self.events.add("target", "vision", t0)
+            self.observe("target", "vision", t0)
             self.stats.visual_tokens = self._target_encoded.visual.n
         return self._target_encoded
 
     def prefill_target(self) -> ModelSession:
         if self._target is None:
-            encoded = self.target_encoded()
-            adapter, scorer = self.pipeline.target_adapter, self.pipeline.scorer
+            self.target_encoded()
             t0 = time.perf_counter()
-            if self.turn is not None:  # only the question's tokens, after the cached prefix
-                with self.stage("target prefill"):
-                    self._target = self.turn.prefill_target(scorer)
-            else:
-                observe = (
-                    scorer.observe_target_prefill(adapter, encoded) if scorer is not None else nullcontext()
-                )
-                with observe, self.stage("target prefill"):
-                    self._target = adapter.prefill(encoded, keep=None)
+            with self.stage("target prefill"):
+                self._target = self.source.prefill_target(self.pipeline.scorer)
             sessions = self.pipeline.sessions["target"]
             if sessions is not None:  # after the scorer read the prefill (a static cache copies it)
                 self._target = sessions.open(self._target, self.max_new_tokens)
             self.stats.seconds_target_prefill += time.perf_counter() - t0
-            if self.events is not None:
-                self.events.add("target", "prefill", t0)
+            self.observe("target", "prefill", t0)
         return self._target
 
     def select(self, scorer: Scorer | None) -> torch.Tensor:  # -> [K] kept visual indices
@@ -144,13 +202,13 @@ class DecodeJob:
         p = self.pipeline
         scores = None
         if scorer is not None:
-            memo = None if self.turn is None else self.turn.memo
-            ctx = ScoringContext(adapter=p.target_adapter, encoded=encoded, target=self._target, memo=memo)
+            ctx = ScoringContext(
+                adapter=p.target_adapter, encoded=encoded, target=self._target, memo=self.source.memo
+            )
             scores = scorer.score(encoded.visual, ctx)
         keep = p.selector.select(encoded.visual, scores, self.policy.generator)
         self.stats.seconds_pruning += time.perf_counter() - t0
-        if self.events is not None:
-            self.events.add("target", "prune", t0)
+        self.observe("target", "prune", t0)
         self.stats.kept_visual_tokens = int(keep.shape[0])
         return keep
 
@@ -160,18 +218,25 @@ class DecodeJob:
             self.kept = self.select(self.pipeline.scorer)
         return self.kept
 
-    @property
-    def draft_encode(self) -> Callable[[], Any] | None:
-        """How the draft (a model other than the target) gets its encoded prompt: None = encode
-        `inputs`; a video context's question = extend the draft's cached video encoding."""
-        return None if self.turn is None else self.turn.draft_encoded
+    def new_draft_side(self, own_policy: bool = False) -> DraftSide:
+        """A draft side for this job, not prefilled; `own_policy` gives it a forked generator (a draft
+        on another thread). Self-speculation (q is p) reuses p's encoding."""
+        p = self.pipeline
+        same = p.draft_adapter.model is p.target_adapter.model
+        encode = self.target_encoded if same else self.source.draft_encoded
+        policy = self.policy.fork() if own_policy else self.policy
+        side = DraftSide(
+            p.draft_adapter, p.drafter, self.inputs, policy, encode, p.sessions["draft"], self.max_new_tokens
+        )
+        side.events = self.events
+        return side
 
     def draft_side(self) -> DraftSide:
         """The draft side in this thread, prefilled on the pruned visual tokens (once per job)."""
         if self._draft is None:
             keep = self.prune()
             t0 = time.perf_counter()
-            side = DraftSide.for_job(self)
+            side = self.new_draft_side()
             with self.stage("draft prefill"):
                 side.prefill(keep)
             self._draft = side
@@ -193,8 +258,7 @@ class DecodeJob:
         prefix = self.prefix()
         scores = self.policy.process(prefix, target.sync(prefix)[None])[0]
         kept = self.emit([self.policy.choose(scores)])
-        if self.events is not None:
-            self.events.add("target", "step", t0, pos=prefix.shape[0], emitted=kept)
+        self.observe("target", "step", t0, pos=prefix.shape[0], emitted=kept)
 
     #: the one verification round (hippo.accept): score, accept, keep, emit, book
     verify_round = verify_round

@@ -15,16 +15,11 @@ from hippo.batch import Record, Result, map_records
 from hippo.context import Turn, VideoContext, build_context
 from hippo.conversation import Conversation, Question, as_ids, text_question_ids
 from hippo.errors import ConfigError, InputError
-from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, Verifier
+from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, SessionKind, Verifier
 from hippo.job import DecodeJob
-from hippo.packed import PackedSessions
 from hippo.registry import lookup, plugin_manager
 from hippo.sampling import TokenPolicy, make_generator, resolve_generation_config
-from hippo.static import StaticSessions
 from hippo.types import GenerateOutput
-
-#: what takes over a role's prefilled sessions: `.open(session, new_tokens) -> session`
-SessionKind = StaticSessions | PackedSessions
 
 
 class Pipeline:
@@ -160,7 +155,7 @@ class Pipeline:
             streamer,
             progress,
             record_events=timeline,
-            turn=turn,
+            source=turn,
         )
         job.stats.scheduler = self.names.get("scheduler", type(self.scheduler).__name__)
         try:

@@ -6,16 +6,13 @@ import copy
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from hippo.compat import cache_arg
 from hippo.errors import UnsupportedError
 from hippo.interfaces import ModelSession
-
-if TYPE_CHECKING:
-    from hippo.packed import PackedLinears
 
 #: (start, k) -> position ids [P, 1, k] for the logical tokens start .. start+k-1 after the prompt
 PositionFn = Callable[[int, int], torch.Tensor]
@@ -57,7 +54,7 @@ class KVSession(ModelSession):
         self.seconds_decode = 0.0
         self.forwards = 0
         self._block: tuple[int, torch.Tensor, torch.Tensor] | None = None  # forward_masked, until keep
-        self.packed: PackedLinears | None = None  # packed linear weights (hippo.packed) ...
+        self.packed: Any = None  # hippo.packed.PackedLinears (packed linear weights, set by packed) ...
         self.packed_rows = 0  # ... for forwards of 2..packed_rows tokens
 
     @torch.inference_mode()

@@ -44,7 +44,6 @@ from hippo.cost import (
     measure_verify_curve,
     rates,
 )
-from hippo.draft import DraftSide
 from hippo.errors import ConfigError
 from hippo.interfaces import Scheduler
 from hippo.job import DecodeJob
@@ -159,7 +158,7 @@ def measure(job: DecodeJob, gamma_max: int) -> Costs:
     prefix = job.prefix()  # [T] the prompt
     widths = sorted({k for k in (1, 2, 4, 8) if k <= gamma_max} | {gamma_max + 1})
     verify = measure_verify_curve(target, prefix, widths, repeats=3).seconds
-    side = DraftSide.for_job(job)
+    side = job.new_draft_side()
     try:
         draft = {}
         for name, keep in (("full", None), ("pruned", job.prune())):

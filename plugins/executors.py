@@ -16,7 +16,6 @@ import torch
 
 from hippo import hookimpl
 from hippo.accept import DraftProposal
-from hippo.draft import DraftSide
 from hippo.executor import DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
 from hippo_plugins.thread_worker import ThreadDraftWorker, model_device
@@ -34,7 +33,7 @@ class LocalDraftWorker(DraftWorker):
     overlapped = False
 
     def __init__(self, job: DecodeJob):
-        self.side = DraftSide.for_job(job)
+        self.side = job.new_draft_side()
         self._pending: DraftProposal | None = None
 
     def prefill(self, keep: torch.Tensor | None) -> None:

@@ -115,7 +115,7 @@ class ParallelScheduler(Scheduler):
         """Prefill both sides; returns (target session, unverified draft buffer or None)."""
         cfg, ex = self.config, self.executor
         # a question on a video context prefills only its own tokens: an "extend", not a "prefill"
-        kind = "prefill" if job.turn is None else "extend"
+        kind = job.source.kind
         if cfg.prune == "late":
             target = ex.target(kind, job.prefill_target)
             worker.prefill(job.prune())

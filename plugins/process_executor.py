@@ -179,7 +179,7 @@ class ProcessDraftWorker(DraftWorker):
         self._asked: tuple[int, int] = (-1, 0)  # the in-flight drafting's (start position, γ)
         # the draft side's policy: forked here (the child's own generator), the target's V inside
         p = job.pipeline
-        prefix = None if job.turn is None else job.turn.draft_prefix()
+        prefix = job.source.draft_prefix()
         payload = (
             dict(job.inputs),
             job.policy.fork(),

@@ -23,7 +23,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from hippo.accept import DraftProposal
-from hippo.draft import DraftSide
 from hippo.executor import DraftFailure, DraftWorker, overlap_seconds
 from hippo.job import DecodeJob
 
@@ -34,7 +33,7 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 class ThreadDraftWorker(DraftWorker):
     def __init__(self, job: DecodeJob, target_busy: list[tuple[float, float]]):
-        self.side = DraftSide.for_job(job, own_policy=True)
+        self.side = job.new_draft_side(own_policy=True)
         device = model_device(self.side.adapter.model)
         self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hippo-draft")
