@@ -24,11 +24,35 @@ began.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import attrs
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 LANES = ("target", "draft")
+
+
+def booked(lane: str, kind: str | None, seconds: str) -> Callable[[F], F]:
+    """Book every call of a job's method: its wall seconds are added to `job.stats.<seconds>`, and
+    with a timeline, an event (`lane`, `kind`) is recorded (`kind` None: the method books its own)."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def timed(job: Any, *args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = fn(job, *args, **kwargs)
+            setattr(job.stats, seconds, getattr(job.stats, seconds) + time.perf_counter() - t0)
+            if kind is not None:
+                job.observe(lane, kind, t0)
+            return out
+
+        return timed  # type: ignore[return-value]
+
+    return wrap
 
 
 @attrs.frozen

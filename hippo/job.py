@@ -16,7 +16,7 @@ import torch
 
 from hippo.accept import verify_round
 from hippo.draft import DraftSide
-from hippo.events import EventLog, label
+from hippo.events import EventLog, booked, label
 from hippo.interfaces import (
     Adapter,
     Drafter,
@@ -175,42 +175,45 @@ class DecodeJob:
 
     def target_encoded(self) -> Encoded:
         if self._target_encoded is None:
-            t0 = time.perf_counter()
-            self._target_encoded = self.source.target_encoded()
-            self.stats.seconds_target_prefill += time.perf_counter() - t0
-            self.observe("target", "vision", t0)
+            self._target_encoded = self._encode_target()
             self.stats.visual_tokens = self._target_encoded.visual.n
         return self._target_encoded
+
+    @booked("target", "vision", seconds="seconds_target_prefill")
+    def _encode_target(self) -> Encoded:
+        return self.source.target_encoded()
 
     def prefill_target(self) -> ModelSession:
         if self._target is None:
             self.target_encoded()
-            t0 = time.perf_counter()
-            with self.stage("target prefill"):
-                self._target = self.source.prefill_target(self.pipeline.scorer)
-            sessions = self.pipeline.sessions["target"]
-            if sessions is not None:  # after the scorer read the prefill (a static cache copies it)
-                self._target = sessions.open(self._target, self.max_new_tokens)
-            self.stats.seconds_target_prefill += time.perf_counter() - t0
-            self.observe("target", "prefill", t0)
+            self._target = self._prefill_target()
         return self._target
+
+    @booked("target", "prefill", seconds="seconds_target_prefill")
+    def _prefill_target(self) -> ModelSession:
+        with self.stage("target prefill"):
+            target = self.source.prefill_target(self.pipeline.scorer)
+        sessions = self.pipeline.sessions[
+            "target"
+        ]  # after the scorer read the prefill (a static cache copies it)
+        return target if sessions is None else sessions.open(target, self.max_new_tokens)
 
     def select(self, scorer: Scorer | None) -> torch.Tensor:  # -> [K] kept visual indices
         """Score with `scorer` (reading the target's prefill if it is done) and apply the selector."""
         encoded = self.target_encoded()
-        t0 = time.perf_counter()
-        p = self.pipeline
-        scores = None
+        keep = self._select(encoded, scorer)
+        self.stats.kept_visual_tokens = int(keep.shape[0])
+        return keep
+
+    @booked("target", "prune", seconds="seconds_pruning")
+    def _select(self, encoded: Encoded, scorer: Scorer | None) -> torch.Tensor:  # -> [K]
+        p, scores = self.pipeline, None
         if scorer is not None:
             ctx = ScoringContext(
                 adapter=p.target_adapter, encoded=encoded, target=self._target, memo=self.source.memo
             )
             scores = scorer.score(encoded.visual, ctx)
-        keep = p.selector.select(encoded.visual, scores, self.policy.generator)
-        self.stats.seconds_pruning += time.perf_counter() - t0
-        self.observe("target", "prune", t0)
-        self.stats.kept_visual_tokens = int(keep.shape[0])
-        return keep
+        return p.selector.select(encoded.visual, scores, self.policy.generator)
 
     def prune(self) -> torch.Tensor:  # -> [K] kept visual indices
         """The pipeline's pruning (scorer + selector), computed once per job."""
@@ -234,14 +237,15 @@ class DecodeJob:
     def draft_side(self) -> DraftSide:
         """The draft side in this thread, prefilled on the pruned visual tokens (once per job)."""
         if self._draft is None:
-            keep = self.prune()
-            t0 = time.perf_counter()
-            side = self.new_draft_side()
-            with self.stage("draft prefill"):
-                side.prefill(keep)
-            self._draft = side
-            self.stats.seconds_draft_prefill += time.perf_counter() - t0
+            self._draft = self._prefill_draft(self.prune())
         return self._draft
+
+    @booked("draft", None, seconds="seconds_draft_prefill")  # DraftSide.prefill books its events
+    def _prefill_draft(self, keep: torch.Tensor) -> DraftSide:  # keep [K]
+        side = self.new_draft_side()
+        with self.stage("draft prefill"):
+            side.prefill(keep)
+        return side
 
     def prefill_draft(self) -> ModelSession:
         """The draft's prefilled session (see `draft_side`)."""
