@@ -68,3 +68,44 @@ def test_no_sys_path_edits_in_packages():
     for folder, _ in PACKAGES.values():
         for f in (ROOT / folder).rglob("*.py"):
             assert "sys.path.insert" not in f.read_text(), f"{f} edits sys.path"
+
+
+# ---- inside the core: the module order stated in the README's layout section ----------------------
+
+ORDER_MARK = "inside hippo/:"
+
+
+def core_order() -> list[set[str]]:
+    """The README's line `- inside hippo/: a > b, c > ...`: groups of modules, each importing only
+    from the groups to its right."""
+    line = next(li for li in (ROOT / "README.md").read_text().splitlines() if ORDER_MARK in li)
+    groups = line.split(ORDER_MARK, 1)[1].strip().strip("`").split(" > ")
+    return [{m.strip() for m in g.split(",")} for g in groups]
+
+
+def _core_imports(path: Path) -> set[str]:
+    """The hippo/*.py modules `path` imports, type-checking-only and function-level imports included."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[0] == "hippo" and len(parts) == 2:
+                out.add(parts[1])
+            elif node.module == "hippo":
+                out |= {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("hippo.")}
+    return out - {"testing"}
+
+
+def test_the_core_imports_follow_the_readme_order():
+    groups = core_order()
+    rank = {m: i for i, g in enumerate(groups) for m in g}
+    modules = {f.stem for f in (ROOT / "hippo").glob("*.py")}
+    assert modules == set(rank), f"the README's order misses {modules - set(rank)} or names {set(rank) - modules}"
+    wrong = []
+    for name in sorted(modules):
+        for dep in sorted(_core_imports(ROOT / "hippo" / f"{name}.py") & modules - {name}):
+            if rank[dep] <= rank[name]:
+                wrong.append(f"{name} -> {dep}")
+    assert not wrong, f"core imports that do not point right in the README's order: {wrong}"
