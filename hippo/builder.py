@@ -68,7 +68,7 @@ class PipelineConfig:
     )
     drafter: PartSpec = attrs.field(factory=lambda: PartSpec("chain"), converter=_part)
     verifier: PartSpec | None = attrs.field(default=None, converter=_part)
-    scheduler: PartSpec = attrs.field(factory=lambda: PartSpec("serial", {"gamma": 5}), converter=_part)
+    scheduler: PartSpec = attrs.field(factory=lambda: PartSpec("auto"), converter=_part)
     dtype: str | None = None
     device: str | None = None
     #: static-cache compiled sessions: `{"roles": ["target"], "mode": "inductor"}` (None: off)
