@@ -1,1 +1,1 @@
-"""Backbone adapters shipped with hippo (installed as `hippo_adapters`)."""
+"""Backbone adapters shipped with hippo (installed as `hippo.adapters`)."""

@@ -8,7 +8,7 @@ that are scored and pruned; the newline is kept like text. Positions are 1-D:
 - `positions="compact"`: the draft's kept tokens are renumbered 0..L'-1 and decoding continues at L'.
 
 "original" is the default because it gives the higher acceptance, measured on a trained tiny pair
-(`python -m hippo_benchmarks.llava_pair --measure`: 64 held-out videos of 128 frame tokens + newline,
+(`python -m hippo.benchmarks.llava_pair --measure`: 64 held-out videos of 128 frame tokens + newline,
 serial SD with gamma 5, the draft trained on full inputs only, every output equal to
 `target.generate`). MAT (tokens per verification), original vs compact: uniform 10% 3.24 vs 2.69
 (compact lower by 0.55 +- 0.10 s.e.), holistic top-k 10% 2.55 vs 2.22 (0.32 +- 0.08), uniform 25%
@@ -31,8 +31,8 @@ from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import Adapter, Encoded
 from hippo.session import KVSession
 from hippo.types import VideoClip, VisualTokens
-from hippo_adapters.attention_readout import AttentionReadout
-from hippo_media.inputs import (
+from hippo.adapters.attention_readout import AttentionReadout
+from hippo.media.inputs import (
     chat_text,
     expand_placeholder,
     model_dir,
@@ -56,7 +56,7 @@ class LlavaOnevisionAdapter(AttentionReadout, Adapter):
             raise ConfigError(f"positions must be one of {', '.join(POSITIONS)}, got {positions!r}")
         self.positions = positions
 
-    tiny_module = "hippo_adapters.llava_onevision_tiny"
+    tiny_module = "hippo.adapters.llava_onevision_tiny"
 
     #: transformers' LLaVA-OneVision video processor normalisation (OpenAI CLIP).
     video_defaults: ClassVar[dict[str, Any]] = dict(

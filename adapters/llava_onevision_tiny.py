@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
 
-from hippo_adapters.qwen2_5_vl_tiny import BOS, EOS, IMAGE, VIDEO, VOCAB
+from hippo.adapters.qwen2_5_vl_tiny import BOS, EOS, IMAGE, VIDEO, VOCAB
 
 MEAN = torch.tensor([0.5, 0.5, 0.5])
 STD = torch.tensor([0.5, 0.5, 0.5])

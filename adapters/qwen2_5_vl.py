@@ -21,8 +21,8 @@ from hippo.errors import InputError, UnsupportedError
 from hippo.interfaces import Adapter, Encoded
 from hippo.session import KVSession
 from hippo.types import VideoClip, VisualTokens
-from hippo_adapters.attention_readout import AttentionReadout
-from hippo_media.inputs import (
+from hippo.adapters.attention_readout import AttentionReadout
+from hippo.media.inputs import (
     chat_text,
     expand_placeholder,
     model_dir,
@@ -74,7 +74,7 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
     model_types = ("qwen2_5_vl",)
     model_class = Qwen2_5_VLForConditionalGeneration
 
-    tiny_module = "hippo_adapters.qwen2_5_vl_tiny"
+    tiny_module = "hippo.adapters.qwen2_5_vl_tiny"
 
     # ---- inputs from a video file ------------------------------------------------------------
     #: transformers' Qwen2-VL video processor defaults (pixels per frame).

@@ -1,6 +1,6 @@
 """Tiny random Qwen2.5-VL models and processor-shaped inputs built from raw frames.
 
-The pixel layout is the adapter's (`hippo_adapters.qwen2_5_vl.frames_to_pixel_values`).
+The pixel layout is the adapter's (`hippo.adapters.qwen2_5_vl.frames_to_pixel_values`).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
+from hippo.adapters.qwen2_5_vl import frames_to_pixel_values
 
 VOCAB = 160
 BOS, EOS = 1, 2

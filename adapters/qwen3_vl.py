@@ -22,7 +22,7 @@ from hippo import hookimpl
 from hippo.compat import cache_arg
 from hippo.interfaces import Encoded
 from hippo.types import VideoClip
-from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter
+from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter
 
 
 def _prune(out: Any, keep: torch.Tensor | None) -> BaseModelOutputWithDeepstackFeatures:
@@ -42,7 +42,7 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
     model_types = ("qwen3_vl",)
     model_class = Qwen3VLForConditionalGeneration
 
-    tiny_module = "hippo_adapters.qwen3_vl_tiny"
+    tiny_module = "hippo.adapters.qwen3_vl_tiny"
 
     #: transformers' Qwen3-VL video processor defaults (pixels over all frames of the video).
     video_defaults: ClassVar[dict[str, Any]] = dict(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
-from hippo_adapters.qwen2_5_vl_tiny import (
+from hippo.adapters.qwen2_5_vl import frames_to_pixel_values
+from hippo.adapters.qwen2_5_vl_tiny import (
     BOS,
     EOS,
     IMAGE,

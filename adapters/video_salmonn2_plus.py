@@ -27,15 +27,15 @@ from hippo import hookimpl
 from hippo.errors import ConfigError, InputError, ModelError
 from hippo.interfaces import Encoded
 from hippo.types import VideoClip, VisualTokens
-from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter, _batch1
-from hippo_adapters.video_salmonn2_plus_inputs import clip_inputs, fit_audio, token_types
-from hippo_adapters.video_salmonn2_plus_model import (
+from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter, _batch1
+from hippo.adapters.video_salmonn2_plus_inputs import clip_inputs, fit_audio, token_types
+from hippo.adapters.video_salmonn2_plus_model import (
     VideoSalmonn2PlusConfig,
     VideoSalmonn2PlusForConditionalGeneration,
     audio_inputs,
 )
-from hippo_adapters.video_salmonn2_plus_positions import POSITION_MODES, mrope_positions
-from hippo_media.inputs import chat_text, expand_placeholder, sampled_fps, token_string, tokenize
+from hippo.adapters.video_salmonn2_plus_positions import POSITION_MODES, mrope_positions
+from hippo.media.inputs import chat_text, expand_placeholder, sampled_fps, token_string, tokenize
 
 ARCHITECTURES = ("video_SALMONN2_plus", VideoSalmonn2PlusForConditionalGeneration.__name__)
 
@@ -71,7 +71,7 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
         return released or any(a in ARCHITECTURES for a in archs)
 
     tiny_module = (
-        "hippo_adapters.video_salmonn2_plus_tiny"  # synthetic_inputs(..., audio=None | False | wave)
+        "hippo.adapters.video_salmonn2_plus_tiny"  # synthetic_inputs(..., audio=None | False | wave)
     )
 
     def build_inputs(
@@ -87,7 +87,7 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
         """The released data pipeline's inputs for a user turn [video with its audio, prompt].
 
         Frames and pixels are Qwen2.5-VL's (`video_pixels`); s = `second_per_grid_ts` = temporal
-        patch / sampled fps. `audio` (`hippo_media.inputs.read_audio_track`) is required. It is fitted to the
+        patch / sampled fps. `audio` (`hippo.media.inputs.read_audio_track`) is required. It is fitted to the
         clip's duration, T / sampled fps (the whole file for `decode_video` clips): a shorter track is
         zero-padded at the end, a longer one (e.g. the encoder's trailing samples) trimmed. Its Whisper
         features give ceil(max(dur, 1 s) / 30 s) · 60 audio tokens, placed after the temporal grid
@@ -99,7 +99,7 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
             raise InputError(
                 "video-SALMONN 2+ needs the video's audio track, but no audio was given (the video file has "
                 "no audio track); pass a video file with sound, or its waveform as audio= "
-                "(mono 16 kHz, hippo_media.inputs.read_audio_track(path))"
+                "(mono 16 kHz, hippo.media.inputs.read_audio_track(path))"
             )
         cfg = self.model.config
         pixels, grid = self.video_pixels(clip.frames, max_pixels, video_processor)  # [N_patch, D], [1, 3]

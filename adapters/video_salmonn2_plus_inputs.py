@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from hippo.errors import InputError
-from hippo_adapters.video_salmonn2_plus_model import AUDIO_TYPE, SAMPLE_RATE, audio_inputs
-from hippo_adapters.video_salmonn2_plus_positions import clip_ids
+from hippo.adapters.video_salmonn2_plus_model import AUDIO_TYPE, SAMPLE_RATE, audio_inputs
+from hippo.adapters.video_salmonn2_plus_positions import clip_ids
 
 
 def audio_tokens_per_second(audio_config: Any) -> float:
@@ -35,7 +35,7 @@ def fit_audio(waveform: torch.Tensor, seconds: float) -> torch.Tensor:  # -> [ro
     if wav.dim() != 1:
         raise InputError(
             f"the audio must be a mono waveform [samples] at {SAMPLE_RATE} Hz, got shape {tuple(wav.shape)}; "
-            "read it with hippo_media.inputs.read_audio_track(path)"
+            "read it with hippo.media.inputs.read_audio_track(path)"
         )
     if wav.numel() == 0:
         raise InputError("the audio waveform is empty; this backbone needs the video's audio track")

@@ -24,7 +24,7 @@ seconds (30 s: 128 x 3000) -> encoder (chunk·50 frames) -> non-overlapping wind
 window) -> projector: 2 audio tokens per second, `ceil(dur / chunk) * 60` tokens for 30 s chunks.
 
 Positions: `config.positions` chooses the M-RoPE layout ("released", the default, or "training"); see
-`hippo_adapters.video_salmonn2_plus_positions`. `generate` computes them itself, so the class's own
+`hippo.adapters.video_salmonn2_plus_positions`. `generate` computes them itself, so the class's own
 autoregressive decode is the reference that hippo's output must equal.
 """
 
@@ -61,7 +61,7 @@ from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from hippo.compat import cache_arg
 from hippo.errors import InputError
-from hippo_adapters.video_salmonn2_plus_positions import POSITION_MODES, mrope_positions
+from hippo.adapters.video_salmonn2_plus_positions import POSITION_MODES, mrope_positions
 
 SAMPLE_RATE = 16000
 HOP_LENGTH = 160  # mel frames per second = 100; the encoder halves them (conv2 stride 2): 50 per second

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
-from hippo_adapters.qwen2_5_vl_tiny import tiny_config as qwen_tiny_config
-from hippo_adapters.video_salmonn2_plus_inputs import clip_inputs, token_types
-from hippo_adapters.video_salmonn2_plus_model import (
+from hippo.adapters.qwen2_5_vl import frames_to_pixel_values
+from hippo.adapters.qwen2_5_vl_tiny import tiny_config as qwen_tiny_config
+from hippo.adapters.video_salmonn2_plus_inputs import clip_inputs, token_types
+from hippo.adapters.video_salmonn2_plus_model import (
     SAMPLE_RATE,
     VideoSalmonn2PlusConfig,
     VideoSalmonn2PlusForConditionalGeneration,

@@ -1,6 +1,6 @@
 """Per-backbone figures: visual tokens per frame, pruning time, and MAT with and without pruning.
 
-    python -m hippo_benchmarks.backbones [--frames 8] [--new 32] [--json FILE]
+    python -m hippo.benchmarks.backbones [--frames 8] [--new 32] [--json FILE]
 
 Each backbone's tiny random target drafts for itself (self-speculation) from the full video and from
 10% of it (holistic + top-k), so MAT measures how much the pruned input changes the model's own

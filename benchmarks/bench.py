@@ -8,7 +8,7 @@ not lossless is flagged in the table, never hidden.
 CPU split (the paper splits GPUs the same way): the target-alone baselines and the serial methods
 get all `--threads` cores; the parallel methods (`pearl`, `hippo`) run the draft in its own process
 with one core per model, and the target's prefill on both. (Their default, `executor="auto"`, runs
-them one after the other on 2 cores, where that measured faster: `hippo_plugins.auto_executor`.)
+them one after the other on 2 cores, where that measured faster: `hippo.plugins.auto_executor`.)
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def tiny_workload(n: int, seed: int) -> Workload:
 
 def position_bias_chart(w: Workload, keep: float, out: Path) -> dict:
     """Attention-only vs holistic top-k on the first video (paper Figs. 2, 8): JSON figures + PNG."""
-    from hippo_plugins.bias import plot_position_bias, position_bias
+    from hippo.plugins.bias import plot_position_bias, position_bias
 
     pipe = hippo.PipelineBuilder().target(w.target).scheduler("autoregressive").build()
     try:
@@ -205,7 +205,7 @@ def narrate_workload(n: int, seed: int, frames: int, size: int) -> Workload:
 
     if not (NARRATE_DIR / CHECKSUMS).is_file():
         raise hippo.errors.ModelError(
-            f"the narration pair is not in {NARRATE_DIR} yet; train it with `python -m hippo_benchmarks.narrate_train` "
+            f"the narration pair is not in {NARRATE_DIR} yet; train it with `python -m hippo.benchmarks.narrate_train` "
             "or run `hippo bench --pair tiny` for a smoke test"
         )
     target, draft, tok = load_pair(directory=NARRATE_DIR)
@@ -232,7 +232,7 @@ def trained_workload(n: int, seed: int, frames: int, size: int) -> Workload:
 
     if not (PAIR_DIR / CHECKSUMS).is_file():
         raise hippo.errors.ModelError(
-            f"the trained pair is not in {PAIR_DIR} yet; train it with `python -m hippo_benchmarks.train` "
+            f"the trained pair is not in {PAIR_DIR} yet; train it with `python -m hippo.benchmarks.train` "
             "or run `hippo bench --pair tiny` for a smoke test"
         )
     target, draft, tok = load_pair()

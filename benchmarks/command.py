@@ -77,7 +77,7 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hippo.checkpoint import check_output
-    from hippo_benchmarks.bench import main as bench
+    from hippo.benchmarks.bench import main as bench
 
     check_output(args.timeline, "--timeline")
     if args.out.endswith(".md"):

@@ -1,7 +1,7 @@
 """Held-out accuracy of a trained model: greedy captions, content-word and token accuracy.
 
-    python -m hippo_benchmarks.evaluate                       # the committed pair, 128 held-out videos
-    python -m hippo_benchmarks.evaluate --size 224 --frames 64 --n 32 --keep 0.1
+    python -m hippo.benchmarks.evaluate                       # the committed pair, 128 held-out videos
+    python -m hippo.benchmarks.evaluate --size 224 --frames 64 --n 32 --keep 0.1
 
 Greedy decoding here is batched and runs the language model on `inputs_embeds` with explicit
 M-RoPE positions (as `generate()` computes them), so a pruned input (`keep`) can be evaluated the
@@ -22,9 +22,9 @@ import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 from hippo.compat import cache_arg  # noqa: E402
-from hippo_benchmarks.batching import lm_inputs, make_batch, prompt_positions, select_kept  # noqa: E402
-from hippo_benchmarks.task import TaskConfig, content_score, sample, token_score  # noqa: E402
-from hippo_benchmarks.tokenizer import caption_ids, processor_inputs  # noqa: E402
+from hippo.benchmarks.batching import lm_inputs, make_batch, prompt_positions, select_kept  # noqa: E402
+from hippo.benchmarks.task import TaskConfig, content_score, sample, token_score  # noqa: E402
+from hippo.benchmarks.tokenizer import caption_ids, processor_inputs  # noqa: E402
 
 HELD_OUT = 10**9  # held-out seeds start here; training seeds stay far below
 
@@ -150,7 +150,7 @@ def check_against_generate(model, tokenizer, cfg: TaskConfig, seeds: range) -> b
 def main(argv=None) -> None:
     import json
 
-    from hippo_benchmarks.pair import load_pair
+    from hippo.benchmarks.pair import load_pair
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", type=int, default=112)

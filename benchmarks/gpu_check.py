@@ -1,9 +1,9 @@
 """A GPU check of hippo in one command: greedy equality with the target's own `generate` for every
 decoding path, then the speed of speculative against plain decoding, in a few minutes.
 
-    python -m hippo_benchmarks.gpu_check                      # one CUDA GPU, at most ~7-8 minutes
-    python -m hippo_benchmarks.gpu_check --out gpu-report     # also gpu-report/gpu_check.{json,txt}
-    python -m hippo_benchmarks.gpu_check --device cpu --quick # a smoke test of the script itself
+    python -m hippo.benchmarks.gpu_check                      # one CUDA GPU, at most ~7-8 minutes
+    python -m hippo.benchmarks.gpu_check --out gpu-report     # also gpu-report/gpu_check.{json,txt}
+    python -m hippo.benchmarks.gpu_check --device cpu --quick # a smoke test of the script itself
 
 The pair ("tiny but wide"): the stock `Qwen2_5_VLForConditionalGeneration` with random weights,
 a target with a 2048-wide language model of 10 layers (about 0.45B parameters), so that a GPU
@@ -19,7 +19,7 @@ Equality (float32 and bfloat16; oracle: `target.generate(do_sample=False)`, neve
 - `serial`: vanilla speculative decoding, fixed γ;
 - `hippo`: the parallel schedule on the `inline` executor with its thread overlap (on CUDA the
   draft's kernels go to their own stream);
-- `process`: the parallel schedule with the draft in a spawned process (`hippo_plugins.process_executor`);
+- `process`: the parallel schedule with the draft in a spawned process (`hippo.plugins.process_executor`);
   a draft that fails there makes hippo finish with the target alone, which this check reports as a
   failure of the case (the output is still compared);
 - `compiled`: serial decoding with the target on a compiled static-cache session (`hippo.static`,
@@ -103,9 +103,9 @@ def ensure_builtins() -> str:
     eps = metadata.entry_points(group="hippo")
     if any(ep.dist is not None and ep.dist.metadata["Name"] == "hippo" for ep in eps):
         return "installed entry points"
-    import hippo_benchmarks
+    import hippo.benchmarks
 
-    pyproject = Path(hippo_benchmarks.__file__).resolve().parent.parent / "pyproject.toml"
+    pyproject = Path(hippo.benchmarks.__file__).resolve().parent.parent / "pyproject.toml"
     if not pyproject.is_file():
         raise SystemExit(
             f"hippo's built-in plugins are not installed and no pyproject.toml was found at {pyproject}; "
@@ -157,7 +157,7 @@ class Pair:
 
 
 def _config(sizes: Sizes, layers: int):
-    from hippo_benchmarks.models import pair_config
+    from hippo.benchmarks.models import pair_config
 
     return pair_config(
         "target",
@@ -174,7 +174,7 @@ def build_models(sizes: Sizes, device: str, skip_scale: float, seed: int) -> tup
     """(target, draft) in float32 on `device`: the draft is the target's first `draft_layers` layers."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from hippo_benchmarks.models import set_generation_defaults
+    from hippo.benchmarks.models import set_generation_defaults
 
     torch.manual_seed(seed)
     with torch.device(device):  # initialised on the device: seconds, not a minute of CPU init
@@ -487,7 +487,7 @@ def time_row(pair: Pair, ref: Any, row: Row, args: argparse.Namespace) -> dict:
 
 def costs(pair: Pair, args: argparse.Namespace) -> dict:
     """Per-forward seconds of the target (1 token, γ+1 tokens) and of the draft (`regime.measure_costs`)."""
-    from hippo_benchmarks.regime import measure_costs
+    from hippo.benchmarks.regime import measure_costs
 
     c = measure_costs(
         pair.target,
@@ -533,7 +533,7 @@ def table(rows: list[dict]) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m hippo_benchmarks.gpu_check",
+        prog="python -m hippo.benchmarks.gpu_check",
         description="Greedy equality of hippo's decoding paths with the target's own generate, in float32 "
         "and bfloat16, and the speed of speculative against plain decoding, on one GPU (exit 0 PASS, "
         "1 FAIL, 2 no CUDA device).",
@@ -621,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, rep: Report) -> int:
     plugins = ensure_builtins()
     from hippo.registry import registry
-    from hippo_benchmarks.models import n_params
+    from hippo.benchmarks.models import n_params
 
     rep.data["environment"] = environment(args.device, plugins)
     rep.data["arguments"] = {

@@ -1,8 +1,8 @@
 """A trained tiny LLaVA-OneVision pair, and the measurement that picks the adapter's default positions.
 
-    python -m hippo_benchmarks.llava_pair --train      # target and draft from scratch into benchmarks/pair_llava/
-    python -m hippo_benchmarks.llava_pair --write      # record the SHA-256 checksums (checksums.json)
-    python -m hippo_benchmarks.llava_pair --measure --out benchmarks/pair_llava/measured.json
+    python -m hippo.benchmarks.llava_pair --train      # target and draft from scratch into benchmarks/pair_llava/
+    python -m hippo.benchmarks.llava_pair --write      # record the SHA-256 checksums (checksums.json)
+    python -m hippo.benchmarks.llava_pair --measure --out benchmarks/pair_llava/measured.json
                                                  # accuracies, and serial-SD MAT for positions original/compact
 
 Both models are the stock `LlavaOnevisionForConditionalGeneration` (SigLIP vision tower, 2-layer
@@ -48,12 +48,12 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
 )
 
-from hippo_adapters.llava_onevision import LlavaOnevisionAdapter  # noqa: E402
-from hippo_adapters.llava_onevision_tiny import tiny_config  # noqa: E402
-from hippo_benchmarks import task  # noqa: E402
-from hippo_benchmarks.pair import CHECKSUMS, ChecksumError, file_sha256  # noqa: E402
-from hippo_benchmarks.task import COLOURS, MOTIONS, QUESTION, SHAPES, TaskConfig, content_score, sample  # noqa: E402
-from hippo_benchmarks.tokenizer import SPECIALS, VOCAB_SIZE, messages, vocabulary  # noqa: E402
+from hippo.adapters.llava_onevision import LlavaOnevisionAdapter  # noqa: E402
+from hippo.adapters.llava_onevision_tiny import tiny_config  # noqa: E402
+from hippo.benchmarks import task  # noqa: E402
+from hippo.benchmarks.pair import CHECKSUMS, ChecksumError, file_sha256  # noqa: E402
+from hippo.benchmarks.task import COLOURS, MOTIONS, QUESTION, SHAPES, TaskConfig, content_score, sample  # noqa: E402
+from hippo.benchmarks.tokenizer import SPECIALS, VOCAB_SIZE, messages, vocabulary  # noqa: E402
 
 PAIR_DIR = Path(__file__).parent / "pair_llava"
 HELD_OUT = 10**9  # held-out seeds; training seeds stay far below

@@ -1,7 +1,7 @@
 """Cost and acceptance figures of the pair: decode ms/token, prefill seconds, and serial-SD MAT.
 
-    python -m hippo_benchmarks.measure                      # benchmark setting (448 px, 16 frames), 5 repeats
-    python -m hippo_benchmarks.measure --size 112 --frames 8 --videos 4 --repeats 3
+    python -m hippo.benchmarks.measure                      # benchmark setting (448 px, 16 frames), 5 repeats
+    python -m hippo.benchmarks.measure --size 112 --frames 8 --videos 4 --repeats 3
 
 Decode cost is timed through hippo's Qwen2.5-VL adapter (the code path the pipeline uses): prefill
 once, then one token per forward call; the figure is the median over tokens and repeats. MAT comes
@@ -23,10 +23,10 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 import hippo  # noqa: E402
-from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter  # noqa: E402
-from hippo_benchmarks.models import n_params  # noqa: E402
-from hippo_benchmarks.task import BENCHMARK, TaskConfig, sample  # noqa: E402
-from hippo_benchmarks.tokenizer import processor_inputs  # noqa: E402
+from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter  # noqa: E402
+from hippo.benchmarks.models import n_params  # noqa: E402
+from hippo.benchmarks.task import BENCHMARK, TaskConfig, sample  # noqa: E402
+from hippo.benchmarks.tokenizer import processor_inputs  # noqa: E402
 
 HELD_OUT = 10**9
 
@@ -88,7 +88,7 @@ def serial_mat(
 
 
 def main(argv=None) -> None:
-    from hippo_benchmarks.pair import load_pair
+    from hippo.benchmarks.pair import load_pair
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", type=int, default=BENCHMARK.size)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from hippo_benchmarks.tokenizer import SPECIALS, VOCAB_SIZE
+from hippo.benchmarks.tokenizer import SPECIALS, VOCAB_SIZE
 
 IDS = {tok: i for i, tok in enumerate(SPECIALS)}
 BOS, EOS, PAD = IDS["<|endoftext|>"], IDS["<|im_end|>"], IDS["<|endoftext|>"]

@@ -1,7 +1,7 @@
 """Held-out accuracy of the narration pair, and how often the draft agrees with the target.
 
-    python -m hippo_benchmarks.narrate_eval                       # the committed narration pair
-    python -m hippo_benchmarks.narrate_eval --pair /tmp/narr/pair --n 32
+    python -m hippo.benchmarks.narrate_eval                       # the committed narration pair
+    python -m hippo.benchmarks.narrate_eval --pair /tmp/narr/pair --n 32
 
 For each question kind (`narration.KINDS`) it reports, on held-out clips at the benchmark setting:
 - the target's and the draft's step-aligned token accuracy against the reference narration
@@ -25,9 +25,9 @@ import json  # noqa: E402
 
 import torch  # noqa: E402
 
-from hippo_benchmarks.batching import lm_inputs, make_batch, select_kept  # noqa: E402
-from hippo_benchmarks.evaluate import HELD_OUT, greedy_ids  # noqa: E402
-from hippo_benchmarks.narration import (  # noqa: E402
+from hippo.benchmarks.batching import lm_inputs, make_batch, select_kept  # noqa: E402
+from hippo.benchmarks.evaluate import HELD_OUT, greedy_ids  # noqa: E402
+from hippo.benchmarks.narration import (  # noqa: E402
     FIELDS,
     KINDS,
     NARRATE_BENCH,
@@ -35,7 +35,7 @@ from hippo_benchmarks.narration import (  # noqa: E402
     narration_sample,
     step_token_score,
 )
-from hippo_benchmarks.task import COLOURS, SHAPES, TaskConfig  # noqa: E402
+from hippo.benchmarks.task import COLOURS, SHAPES, TaskConfig  # noqa: E402
 
 MAX_ANSWER = 400  # tokens: longer than any reference answer (16 steps x 3 objects x 7 + 48)
 
@@ -129,7 +129,7 @@ def evaluate(
 
 
 def main(argv=None) -> None:
-    from hippo_benchmarks.pair import NARRATE_DIR, load_pair
+    from hippo.benchmarks.pair import NARRATE_DIR, load_pair
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(

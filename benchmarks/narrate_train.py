@@ -1,8 +1,8 @@
 """Train the narration pair: the captioning pair (`benchmarks/pair/`) fine-tuned on dense narration.
 
-    python -m hippo_benchmarks.narrate_train                  # both models, writes benchmarks/pair_narrate/
-    python -m hippo_benchmarks.narrate_train --serial         # the same checkpoints, one model after the other
-    python -m hippo_benchmarks.narrate_train --role draft --scale 0.1 --out /tmp/try   # a quick try
+    python -m hippo.benchmarks.narrate_train                  # both models, writes benchmarks/pair_narrate/
+    python -m hippo.benchmarks.narrate_train --serial         # the same checkpoints, one model after the other
+    python -m hippo.benchmarks.narrate_train --role draft --scale 0.1 --out /tmp/try   # a quick try
 
 Both models start from the committed captioning checkpoints, whose vision encoders already see
 colour, shape and motion, and learn to narrate (`narration.py`: every step of a 16-step clip, three
@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from hippo_benchmarks import train
-from hippo_benchmarks.train import Phase, TrainConfig
+from hippo.benchmarks import train
+from hippo.benchmarks.train import Phase, TrainConfig
 
 PAIR = Path(__file__).parent / "pair"
 OUT = Path(__file__).parent / "pair_narrate"

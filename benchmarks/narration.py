@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import torch
 
-from hippo_benchmarks.task import (
+from hippo.benchmarks.task import (
     COLOURS,
     MOTION_WORDS,
     MOTIONS,

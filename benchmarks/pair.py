@@ -7,7 +7,7 @@ benchmarks/pair/ holds target/ and draft/ (safetensors, config, tokenizer) and c
 the SHA-256 of every committed file, and of the widened target's weights, which `widen` rebuilds
 deterministically at load time instead of being committed.
 
-    python -m hippo_benchmarks.pair --write [--dir benchmarks/pair_narrate]   # record a pair's checksums
+    python -m hippo.benchmarks.pair --write [--dir benchmarks/pair_narrate]   # record a pair's checksums
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2_5_VLForConditionalGeneration
 
-from hippo_benchmarks.models import set_generation_defaults
-from hippo_benchmarks.widen import weights_digest, widen
+from hippo.benchmarks.models import set_generation_defaults
+from hippo.benchmarks.widen import weights_digest, widen
 
 PAIR_DIR = Path(__file__).parent / "pair"  # the captioning pair
 NARRATE_DIR = Path(__file__).parent / "pair_narrate"  # the narration pair (the benchmark's default)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from hippo.cost import VerifyCurve
-from hippo_benchmarks.regime import PAPER
+from hippo.benchmarks.regime import PAPER
 
 T_FORWARD = PAPER["target_decode_ar"] / PAPER["new_tokens"]
 COSTS = {

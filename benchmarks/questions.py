@@ -12,8 +12,8 @@ time to first token:
 Every answer is compared with HF's, token for token. The goals (issue 15): later questions' TTFT
 <= 10% of the first's, and the 4-question session >= 2x faster than hippo without reuse.
 
-    python -m hippo_benchmarks.questions --quick         # tiny random pair: checks that it runs
-    python -m hippo_benchmarks.questions                 # the committed narration pair
+    python -m hippo.benchmarks.questions --quick         # tiny random pair: checks that it runs
+    python -m hippo.benchmarks.questions                 # the committed narration pair
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def _runner(scorer: str, n: int, d: int, side: int, dtype):
     import torch
 
     if scorer == "attention-layer":
-        from hippo_plugins.attention import text_to_visual_attention
+        from hippo.plugins.attention import text_to_visual_attention
 
         a = ATTENTION
         t = max(1, n // (side * side))
@@ -72,7 +72,7 @@ def _runner(scorer: str, n: int, d: int, side: int, dtype):
         cols = torch.arange(16, 16 + n)
         return (lambda: text_to_visual_attention(q, k, rows, cols, chunk=4096)), n, n * d * q.element_size()
 
-    from hippo_plugins.scorers import HolisticScorer, SpatialScorer, TemporalScorer
+    from hippo.plugins.scorers import HolisticScorer, SpatialScorer, TemporalScorer
 
     visual = _visual(n, d, side, dtype)
     part = {

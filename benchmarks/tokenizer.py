@@ -6,7 +6,7 @@ and wrapped as `transformers.PreTrainedTokenizerFast`; it is saved next to the c
 `processor_inputs` builds what Qwen2.5-VL's processor returns for one video and a question: the
 chat template renders the user turn with one `<|video_pad|>` placeholder, which is expanded to one
 token per merged visual token, exactly as `Qwen2_5_VLProcessor` does. The pixel values come from
-`hippo_adapters.qwen2_5_vl.frames_to_pixel_values`, which lays frames out as transformers'
+`hippo.adapters.qwen2_5_vl.frames_to_pixel_values`, which lays frames out as transformers'
 Qwen2-VL video processor does; this project does not use that processor class itself because it
 needs torchvision, which has no CPU wheel for the torch version used here.
 """
@@ -17,9 +17,9 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
-from hippo_benchmarks.narration import NARRATION_WORDS
-from hippo_benchmarks.task import CAPTION_WORDS, CLIP_SECONDS, QUESTION
+from hippo.adapters.qwen2_5_vl import frames_to_pixel_values
+from hippo.benchmarks.narration import NARRATION_WORDS
+from hippo.benchmarks.task import CAPTION_WORDS, CLIP_SECONDS, QUESTION
 
 SPECIALS = (
     "<|endoftext|>",  # bos and pad, as in Qwen

@@ -1,7 +1,7 @@
 """Train the benchmark pair on this CPU, deterministically from a seed.
 
-    python -m hippo_benchmarks.train                      # both models, writes benchmarks/pair/
-    python -m hippo_benchmarks.train --role draft --scale 0.1 --out /tmp/pair   # one model, a quick try
+    python -m hippo.benchmarks.train                      # both models, writes benchmarks/pair/
+    python -m hippo.benchmarks.train --role draft --scale 0.1 --out /tmp/pair   # one model, a quick try
 
 Loss: cross-entropy on the caption (teacher forcing) plus an auxiliary per-visual-token loss: small
 training-only linear heads read the colour, shape and motion of the object each visual token sees
@@ -47,12 +47,12 @@ import torch.nn.functional as F  # noqa: E402
 from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: E402
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb  # noqa: E402
 
-from hippo_benchmarks.batching import IGNORE, lm_inputs, make_batch, select_kept
-from hippo_benchmarks.models import n_params, new_model, set_generation_defaults
-from hippo_benchmarks.narration import draw_batch_question, narration_config, narration_sample
-from hippo_benchmarks.task import CLOCK_STEPS, COLOURS, MOTIONS, SHAPES, TaskConfig, sample
-from hippo_benchmarks.tokenizer import build_tokenizer
-from hippo_plugins.auto_executor import usable_cores
+from hippo.benchmarks.batching import IGNORE, lm_inputs, make_batch, select_kept
+from hippo.benchmarks.models import n_params, new_model, set_generation_defaults
+from hippo.benchmarks.narration import draw_batch_question, narration_config, narration_sample
+from hippo.benchmarks.task import CLOCK_STEPS, COLOURS, MOTIONS, SHAPES, TaskConfig, sample
+from hippo.benchmarks.tokenizer import build_tokenizer
+from hippo.plugins.auto_executor import usable_cores
 
 AUX_CLASSES = {"colour": len(COLOURS) + 1, "shape": len(SHAPES) + 1, "motion": len(MOTIONS) + 1}
 #: the narration clips' visible cues (task.py `cues`): every token's time step and 3 x 3 cell, 1-based
@@ -249,7 +249,7 @@ def _samples(cfg: TrainConfig, index: int, phase: Phase, step: int) -> list:
 
 def distilled(teacher, tokenizer, samples: list) -> list:
     """The samples with the teacher's greedy answers in place of the references (for agreement)."""
-    from hippo_benchmarks.evaluate import greedy_ids
+    from hippo.benchmarks.evaluate import greedy_ids
 
     eos = tokenizer.eos_token_id
     with torch.inference_mode():

@@ -1,5 +1,5 @@
 import sys
 
-from hippo_cli.main import main
+from hippo.cli.main import main
 
 sys.exit(main())

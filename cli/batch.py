@@ -12,7 +12,7 @@ and answers none twice. Error lines are dropped from OUT and their records tried
 video may have been copied in since); a last line cut short by the kill is dropped too. OUT is then
 rewritten once, atomically, before anything is appended.
 
-Records go through `Pipeline.map` (in-process) or the same on Ray actors (`hippo_cli.batch_ray`);
+Records go through `Pipeline.map` (in-process) or the same on Ray actors (`hippo.cli.batch_ray`);
 either way this process reads IN and writes OUT. Exit status: 0 every record answered, 1 some
 records failed (the summary line says how many), 2 bad usage (a missing IN, bad options or
 checkpoints: nothing is decoded).
@@ -38,7 +38,7 @@ from hippo.builder import PipelineBuilder
 from hippo.checkpoint import check_output
 from hippo.errors import ConfigError, HippoError, one_line
 from hippo.registry import lookup
-from hippo_cli.video_commands import generation_kwargs, pipeline_config, prepare, quiet_transformers, say
+from hippo.cli.video_commands import generation_kwargs, pipeline_config, prepare, quiet_transformers, say
 
 EXIT_FAILED = 1
 
@@ -205,7 +205,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     )
     session: Any = contextlib.nullcontext()
     if args.ray is not None:
-        from hippo_cli.batch_ray import check_ray_options, ray_session, run_on_ray
+        from hippo.cli.batch_ray import check_ray_options, ray_session, run_on_ray
 
         check_ray_options(args)
         session = ray_session(args)

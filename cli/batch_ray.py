@@ -55,7 +55,7 @@ class BatchActor:
     """One pipeline on one Ray actor: `__call__` answers a batch of JSON records with `Pipeline.map`."""
 
     def __init__(self, config: PipelineConfig, map_kwargs: dict[str, Any]):
-        from hippo_media.inputs import load_tokenizer
+        from hippo.media.inputs import load_tokenizer
 
         self.pipe = PipelineBuilder.from_config(config).build()
         self.tokenizer = load_tokenizer(config.target)

@@ -19,7 +19,7 @@ from typing import Any
 from hippo.builder import PipelineBuilder
 from hippo.errors import ConfigError, HippoError, InputError, one_line
 from hippo.registry import lookup
-from hippo_cli.video_commands import (
+from hippo.cli.video_commands import (
     StageBars,
     check_output,
     generation_kwargs,

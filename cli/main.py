@@ -68,8 +68,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return _cmd_demo_tiny(args)
     if args.frames is not None or args.size is not None:
         raise HippoError("--frames and --size apply to the random tiny pairs (--adapter NAME) only")
-    from hippo_cli.demo import DEFAULT_GAMMA, DEFAULT_KEEP_RATIO, MAX_NEW_TOKENS, format_comparison, run_demo
-    from hippo_cli.video_commands import check_output, quiet_transformers, text_streamer, write_json
+    from hippo.cli.demo import DEFAULT_GAMMA, DEFAULT_KEEP_RATIO, MAX_NEW_TOKENS, format_comparison, run_demo
+    from hippo.cli.video_commands import check_output, quiet_transformers, text_streamer, write_json
 
     check_output(None if args.json == "-" else args.json, "--json")
     check_output(args.timeline, "--timeline")
@@ -102,8 +102,8 @@ def _tiny_gamma(gamma: int | str | None) -> int:
 
 
 def _cmd_demo_tiny(args: argparse.Namespace) -> int:
-    from hippo_cli.demo_tiny import format_result, run_demo
-    from hippo_cli.video_commands import write_json
+    from hippo.cli.demo_tiny import format_result, run_demo
+    from hippo.cli.video_commands import write_json
 
     if args.timeline:
         raise HippoError("--timeline draws the trained pair's run; leave out --adapter to use it")
@@ -195,13 +195,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from hippo_cli.video_commands import cmd_generate
+    from hippo.cli.video_commands import cmd_generate
 
     return cmd_generate(args)
 
 
 def _cmd_bias(args: argparse.Namespace) -> int:
-    from hippo_cli.video_commands import cmd_bias
+    from hippo.cli.video_commands import cmd_bias
 
     return cmd_bias(args)
 
@@ -363,7 +363,7 @@ def _external_commands(sub: Any, debug: argparse.ArgumentParser) -> None:
     """Commands other packages add through the `hippo.commands` entry-point group.
 
     Each entry point is a function `(subparsers, parents) -> None` that adds one subcommand whose
-    `func(args) -> int` runs it (`hippo bench` is `hippo_benchmarks.command:add_parser`).
+    `func(args) -> int` runs it (`hippo bench` is `hippo.benchmarks.command:add_parser`).
     """
     for ep in sorted(metadata.entry_points(group=COMMANDS), key=lambda ep: ep.name):
         try:
@@ -508,7 +508,7 @@ def _chat_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from hippo_cli.chat import cmd_chat
+    from hippo.cli.chat import cmd_chat
 
     return cmd_chat(args)
 
@@ -589,7 +589,7 @@ def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
 
 
 def _cmd_batch(args: argparse.Namespace) -> int:
-    from hippo_cli.batch import cmd_batch
+    from hippo.cli.batch import cmd_batch
 
     return cmd_batch(args)
 

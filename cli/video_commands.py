@@ -24,7 +24,7 @@ from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
 from hippo.checkpoint import check_output, check_same_backbone
 from hippo.errors import ConfigError, HippoError
 from hippo.registry import lookup
-from hippo_media.inputs import (
+from hippo.media.inputs import (
     build_video_inputs,
     check_checkpoint,
     check_device,
@@ -316,7 +316,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             for line in plan_lines(s.plan):
                 say(line)
         if args.timeline:
-            from hippo_benchmarks.timeline import draw_timeline
+            from hippo.benchmarks.timeline import draw_timeline
 
             say(f"timeline: {draw_timeline(s, args.timeline)}")
         result: dict[str, Any] = {
@@ -397,7 +397,7 @@ def _video_info(path: str, clip: Any) -> dict[str, Any]:
 
 
 def cmd_bias(args: argparse.Namespace) -> int:
-    from hippo_plugins.bias import plot_position_bias, position_bias
+    from hippo.plugins.bias import plot_position_bias, position_bias
 
     lookup("selectors", "topk").from_options(keep_ratio=args.keep_ratio)  # fails fast on a bad ratio
     if not 0.0 <= args.boundary <= 0.5:

@@ -62,6 +62,6 @@ def hippo_video_inputs(
     """Return the target's inputs for `prompt` about the video file at `path`, or None.
 
     `options` holds `tokenizer`, `frames`, `fps`, `max_pixels` and `progress` (see
-    `Pipeline.video_inputs`). hippo's own implementation (`hippo_media`) reads the file with decord
+    `Pipeline.video_inputs`). hippo's own implementation (`hippo.media`) reads the file with decord
     and builds the inputs with the checkpoint's tokenizer and the adapter's `build_inputs`.
     """

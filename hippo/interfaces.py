@@ -1,4 +1,4 @@
-"""The abstract parts of a pipeline. Concrete ones are plugins (`hippo_plugins`) or adapters.
+"""The abstract parts of a pipeline. Concrete ones are plugins (`hippo.plugins`) or adapters.
 
 Notation: p = target, q = draft, γ = draft length, N = visual tokens, K = kept visual tokens,
 V = vocabulary, T = tokens in the sequence so far (prompt + generated).

@@ -30,7 +30,7 @@ from hippo.checkpoint import check_backbone_fits, check_checkpoint  # noqa: F401
 from hippo.errors import ConfigError, HippoError, InputError, ModelError, VideoError
 from hippo.sampling import check_vocab
 from hippo.types import VideoClip
-from hippo_media.video import open_sampled
+from hippo.media.video import open_sampled
 
 #: progress(stage, event): event is "start", "end", or "update" (with done/total for video decode).
 Progress = Callable[..., None]
@@ -222,7 +222,7 @@ def decode_video(
 
 
 def read_audio_track(path: str | os.PathLike) -> torch.Tensor:  # -> [S] float32 mono, 16 kHz
-    from hippo_media.video import read_audio
+    from hippo.media.video import read_audio
 
     with native_stderr_silenced():
         return read_audio(path)

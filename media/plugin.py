@@ -1,4 +1,4 @@
-"""hippo_media's hook: `Pipeline.video_inputs` / `generate_from_video` read video files through it."""
+"""hippo.media's hook: `Pipeline.video_inputs` / `generate_from_video` read video files through it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hippo import hookimpl
 
 @hookimpl(trylast=True)
 def hippo_video_inputs(pipeline: Any, path: Any, prompt: str, options: dict[str, Any]) -> dict[str, Any]:
-    from hippo_media.inputs import (
+    from hippo.media.inputs import (
         check_tokenizers,
         has_tokenizer,
         load_tokenizer,

@@ -35,7 +35,7 @@ from hippo.config import positive_int
 from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import Adapter, Encoded, Scorer, ScoringContext
 from hippo.types import VisualTokens
-from hippo_plugins.visual_grid import compute_dtype, layer_indices, one_of, optional_int_tuple
+from hippo.plugins.visual_grid import compute_dtype, layer_indices, one_of, optional_int_tuple
 
 QUERY_MODES = ("after_video", "text")
 SOFTMAX_MODES = ("causal", "visual")

@@ -39,7 +39,7 @@ from hippo.errors import ConfigError
 from hippo.executor import DraftWorker, Executor
 from hippo.job import DecodeJob
 from hippo.registry import lookup
-from hippo_plugins.thread_worker import model_device
+from hippo.plugins.thread_worker import model_device
 
 CHOICES = ("inline", "process")  # the executors `auto` may pick
 PROCESS_CORES = 4  # the fewest CPU cores on which greedy decoding puts the draft in its own process

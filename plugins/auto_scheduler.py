@@ -48,9 +48,9 @@ from hippo.errors import ConfigError
 from hippo.interfaces import Scheduler
 from hippo.job import DecodeJob
 from hippo.registry import lookup
-from hippo_plugins.auto_executor import choose as choose_executor
-from hippo_plugins.auto_executor import usable_cores
-from hippo_plugins.thread_worker import model_device
+from hippo.plugins.auto_executor import choose as choose_executor
+from hippo.plugins.auto_executor import usable_cores
+from hippo.plugins.thread_worker import model_device
 
 #: the drafting schedules `auto` may run, in order of preference on equal predictions
 DRAFTING = ("serial", "hippo", "pearl")

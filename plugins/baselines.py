@@ -21,7 +21,7 @@ from hippo import hookimpl
 from hippo.config import budget, keep_ratio, positive_int
 from hippo.interfaces import Selector
 from hippo.types import VisualTokens
-from hippo_plugins.visual_grid import (
+from hippo.plugins.visual_grid import (
     apportion,
     compute_dtype,
     frame_sizes,

@@ -23,9 +23,9 @@ import torch
 from hippo.errors import ConfigError
 from hippo.interfaces import ScoringContext
 from hippo.types import VisualTokens
-from hippo_plugins.attention import AttentionScorer
-from hippo_plugins.ranked_selectors import TopKSelector
-from hippo_plugins.scorers import HolisticScorer
+from hippo.plugins.attention import AttentionScorer
+from hippo.plugins.ranked_selectors import TopKSelector
+from hippo.plugins.scorers import HolisticScorer
 
 
 def boundary_mask(visual: VisualTokens, boundary: float = 0.1) -> torch.Tensor:  # -> [N] bool

@@ -18,7 +18,7 @@ from hippo import hookimpl
 from hippo.accept import DraftProposal
 from hippo.executor import DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
-from hippo_plugins.thread_worker import ThreadDraftWorker, model_device
+from hippo.plugins.thread_worker import ThreadDraftWorker, model_device
 
 
 def _positive(instance, attribute, value) -> None:

@@ -55,7 +55,7 @@ class ParallelConfig:
     gamma: int | str = attrs.field(default=5, validator=gamma_option)  # "auto": the cost model (hippo.cost)
     auto_gamma: bool = False  # γ ≈ target verify time / draft step time, measured during the run
     gamma_max: int = attrs.field(default=16, validator=positive_int)
-    executor: str = "auto"  # the machine decides: hippo_plugins.auto_executor
+    executor: str = "auto"  # the machine decides: hippo.plugins.auto_executor
     executor_options: dict = attrs.field(factory=dict)
     sync_prefill: bool = False
     abort: bool = False

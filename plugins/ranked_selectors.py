@@ -9,7 +9,7 @@ from hippo import hookimpl
 from hippo.config import budget, keep_ratio
 from hippo.interfaces import Selector
 from hippo.types import VisualTokens
-from hippo_plugins.visual_grid import (
+from hippo.plugins.visual_grid import (
     apportion,
     check_scores,
     frame_sizes,

@@ -19,8 +19,8 @@ from hippo.config import positive_int
 from hippo.errors import ConfigError
 from hippo.interfaces import Adapter, Encoded, Scorer, ScoringContext
 from hippo.types import VisualTokens
-from hippo_plugins.attention import QUERY_MODES, SOFTMAX_MODES, AttentionScorer
-from hippo_plugins.visual_grid import (
+from hippo.plugins.attention import QUERY_MODES, SOFTMAX_MODES, AttentionScorer
+from hippo.plugins.visual_grid import (
     Video,
     compute_dtype,
     frames_per_chunk,

@@ -41,7 +41,7 @@ from hippo.config import positive_int
 from hippo.errors import ConfigError
 from hippo.interfaces import Drafter, ModelSession
 from hippo.sampling import TokenPolicy
-from hippo_plugins.schedulers import SerialScheduler
+from hippo.plugins.schedulers import SerialScheduler
 
 # ---- the drafter ------------------------------------------------------------------------------
 

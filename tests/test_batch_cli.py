@@ -17,9 +17,9 @@ import torch
 
 import hippo
 from hippo.registry import lookup
-from hippo_adapters.qwen2_5_vl_tiny import tiny_config
-from hippo_cli.main import main
-from hippo_media.inputs import load_tokenizer, load_video_inputs
+from hippo.adapters.qwen2_5_vl_tiny import tiny_config
+from hippo.cli.main import main
+from hippo.media.inputs import load_tokenizer, load_video_inputs
 
 pytest.importorskip("av")
 from tiny_checkpoint import save_checkpoint, tiny_tokenizer, write_video  # noqa: E402

@@ -120,7 +120,7 @@ def test_model_that_is_not_a_model(pair) -> None:
 def test_draft_vocabulary_mismatch(pair) -> None:
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from hippo_adapters.qwen2_5_vl_tiny import VOCAB, tiny_config
+    from hippo.adapters.qwen2_5_vl_tiny import VOCAB, tiny_config
 
     cfg = tiny_config("draft")
     cfg.text_config.vocab_size = VOCAB + 10
@@ -319,7 +319,7 @@ def test_draft_vocabulary_padded_differently_is_accepted():
     """Real pairs differ only by embedding padding (Qwen2.5-VL 3B: 151936 rows, 7B: 152064)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_config, tiny_model
+    from hippo.adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_config, tiny_model
 
     target = tiny_model("target", dtype=torch.float64)
     for rows in (161, 159):  # padded beyond, and short of, the target's 160

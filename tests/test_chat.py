@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import hippo
-from hippo_cli.main import main
-from hippo_media.inputs import load_video_inputs
+from hippo.cli.main import main
+from hippo.media.inputs import load_video_inputs
 
 pytest.importorskip("av")
 from tiny_checkpoint import save_checkpoint, write_video  # noqa: E402
@@ -66,7 +66,7 @@ def test_questions_file_answers_each_like_generate(env, tmp_path, capsys) -> Non
 
 def test_interactive_session_through_stdin(env, tmp_path) -> None:
     exe = shutil.which("hippo")
-    cmd = [exe] if exe else [sys.executable, "-m", "hippo_cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "hippo.cli"]
     long_question = "red " * 4100  # longer than the tiny target's context: reported, the session goes on
     typed = f"describe the video .\n\n/stats\n{long_question}\nwhat moves ?\n/reset\n/nonsense\n/quit\n"
     proc = subprocess.run(

@@ -19,10 +19,10 @@ import torch
 
 import hippo
 import hippo.registry
-import hippo_cli.demo
-import hippo_cli.demo_tiny
+import hippo.cli.demo
+import hippo.cli.demo_tiny
 from hippo.errors import PluginError
-from hippo_cli.main import main
+from hippo.cli.main import main
 
 SMALL = [
     "--adapter",
@@ -47,7 +47,7 @@ def generate_tokens(
     same float32 tiny model and synthetic video the demo builds), greedy."""
     cls = hippo.registry.lookup("adapters", adapter)
     target = cls.tiny_model("target", seed=seed, dtype=torch.float32)
-    demo = hippo_cli.demo_tiny
+    demo = hippo.cli.demo_tiny
     inputs = cls.synthetic_inputs(
         target, demo.synthetic_video(frames, size, seed), demo.TEXT_BEFORE, demo.TEXT_AFTER
     )
@@ -119,7 +119,7 @@ def test_plugins_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(data["plugins"]) == set(hippo.registry.KINDS)
     uniform = next(e for e in data["plugins"]["selectors"] if e["name"] == "uniform")
     assert uniform["builtin"] is True and uniform["distribution"] == "hippo"
-    assert uniform["class"] == "hippo_plugins.selectors:UniformSelector"
+    assert uniform["class"] == "hippo.plugins.selectors:UniformSelector"
     assert uniform["source"] == f"built-in (hippo {hippo.__version__})"
 
 
@@ -172,7 +172,7 @@ def test_demo_text_report(small_demo) -> None:
 
 
 def test_demo_default_self_speculation_accepts_drafts() -> None:
-    result = hippo_cli.demo_tiny.run_demo(max_new_tokens=32, repeats=1)
+    result = hippo.cli.demo_tiny.run_demo(max_new_tokens=32, repeats=1)
     assert result["all_identical"]
     assert result["runs"][2]["mat"] > 1.0  # the target agrees with itself on a pruned video
 
@@ -184,7 +184,7 @@ def test_demo_on_every_adapter_with_a_tiny_model(adapter: str) -> None:
         cls.tiny_model("draft")
     except NotImplementedError:
         pytest.skip(f"adapter {adapter!r} ships no tiny model")
-    result = hippo_cli.demo_tiny.run_demo(adapter=adapter, frames=4, max_new_tokens=10, repeats=1)
+    result = hippo.cli.demo_tiny.run_demo(adapter=adapter, frames=4, max_new_tokens=10, repeats=1)
     assert result["adapter"] == adapter and result["settings"]["size"] >= 112
     want = generate_tokens(adapter, 4, result["settings"]["size"], 10)
     assert [r["tokens"] for r in result["runs"]] == [want] * 3
@@ -192,7 +192,7 @@ def test_demo_on_every_adapter_with_a_tiny_model(adapter: str) -> None:
 
 
 def test_demo_json_on_stdout(capsys: pytest.CaptureFixture[str], monkeypatch, small_demo) -> None:
-    monkeypatch.setattr(hippo_cli.demo_tiny, "run_demo", lambda **kw: small_demo[2])
+    monkeypatch.setattr(hippo.cli.demo_tiny, "run_demo", lambda **kw: small_demo[2])
     assert main(["demo", "--adapter", "qwen2_5_vl", "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out) == small_demo[2]
 
@@ -234,7 +234,7 @@ def test_demo_on_the_trained_pair(tmp_path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_synthetic_video_shape_and_range() -> None:
-    video = hippo_cli.demo_tiny.synthetic_video(5, 84, seed=1)
+    video = hippo.cli.demo_tiny.synthetic_video(5, 84, seed=1)
     assert video.shape == (5, 84, 84, 3)
     assert float(video.min()) >= 0.0 and float(video.max()) <= 1.0
     assert float(video[:, 0].min()) == 1.0  # the bright border
@@ -298,14 +298,14 @@ def test_debug_shows_the_traceback(argv, capsys: pytest.CaptureFixture[str]) -> 
 def test_json_file_that_cannot_be_written(
     capsys: pytest.CaptureFixture[str], monkeypatch, small_demo
 ) -> None:
-    monkeypatch.setattr(hippo_cli.demo_tiny, "run_demo", lambda **kw: small_demo[2])
+    monkeypatch.setattr(hippo.cli.demo_tiny, "run_demo", lambda **kw: small_demo[2])
     assert main(["demo", "--adapter", "qwen2_5_vl", "--json", str(Path("/nonexistent-dir/x.json"))]) == 2
     assert "cannot write --json file" in capsys.readouterr().err
 
 
 def test_console_script_error_contract() -> None:
     exe = shutil.which("hippo")
-    cmd = [exe] if exe else [sys.executable, "-m", "hippo_cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "hippo.cli"]
     proc = subprocess.run(
         [*cmd, "demo", "--adapter", "qwen2_5_vl", "--size", "50"], capture_output=True, text=True, timeout=300
     )

@@ -1,7 +1,7 @@
 """`hippo generate` and `hippo bias` end to end on tiny checkpoints saved with `save_pretrained`.
 
 Two runs go through the installed console script in a subprocess (the full run with --compare-ar and
---json, and one error); the rest call `hippo_cli.main.main([...])` in-process, which is the same code
+--json, and one error); the rest call `hippo.cli.main.main([...])` in-process, which is the same code
 without the ~2-5 s start-up. Every bad input must give exit status 2 and one line on stderr, and the
 Python API must raise the typed exception with the same message.
 """
@@ -22,8 +22,8 @@ import torch
 import hippo
 from hippo.errors import ConfigError, InputError, ModelError, VideoError
 from hippo.registry import lookup
-from hippo_cli.main import main
-from hippo_media.inputs import check_tokenizers, decode_video, load_tokenizer, load_video_inputs
+from hippo.cli.main import main
+from hippo.media.inputs import check_tokenizers, decode_video, load_tokenizer, load_video_inputs
 
 pytest.importorskip("av")
 from tiny_checkpoint import save_checkpoint, tiny_tokenizer, write_video  # noqa: E402
@@ -54,7 +54,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     paths["no_weights"].mkdir()
     shutil.copy(paths["target"] / "config.json", paths["no_weights"] / "config.json")
 
-    from hippo_adapters.qwen2_5_vl_tiny import tiny_config
+    from hippo.adapters.qwen2_5_vl_tiny import tiny_config
 
     Qwen = lookup("adapters", "qwen2_5_vl").model_class
     cfg = tiny_config("draft")
@@ -115,7 +115,7 @@ def one_line_error(err: str) -> str:
 
 def console(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     exe = shutil.which("hippo")
-    cmd = [exe] if exe else [sys.executable, "-m", "hippo_cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "hippo.cli"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the tiny models gain nothing from threads
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -183,7 +183,7 @@ def test_streams_the_answer_then_the_summary(env, capsys) -> None:
 
 
 def test_streamer_and_stage_bars() -> None:
-    from hippo_cli.video_commands import StageBars, text_streamer
+    from hippo.cli.video_commands import StageBars, text_streamer
 
     buf = io.StringIO()
     bars = StageBars(disable=False, file=buf)

@@ -1,4 +1,4 @@
-"""hippo_media.inputs and the adapters' `build_inputs`: a video file + a prompt -> processor-shaped inputs.
+"""hippo.media.inputs and the adapters' `build_inputs`: a video file + a prompt -> processor-shaped inputs.
 
 Tiny random checkpoints and the tiny word-level tokenizer come from tests/tiny_checkpoint.py.
 """
@@ -13,7 +13,7 @@ import torch
 import hippo
 from hippo.errors import ConfigError, InputError, ModelError, UnsupportedError, VideoError
 from hippo.registry import lookup
-from hippo_media.inputs import (
+from hippo.media.inputs import (
     SampledVideo,
     build_video_inputs,
     check_checkpoint,
@@ -200,7 +200,7 @@ def test_the_base_adapter_cannot_build_inputs() -> None:
 
 
 def test_prompt_longer_than_the_context(files, tmp_path) -> None:
-    from hippo_adapters.qwen2_5_vl_tiny import tiny_config
+    from hippo.adapters.qwen2_5_vl_tiny import tiny_config
 
     cfg = tiny_config("target")
     cfg.text_config.max_position_embeddings = 32

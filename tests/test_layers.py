@@ -1,8 +1,8 @@
 """The packages import only downward: the core knows nothing of plugins, adapters or front ends.
 
-hippo (core) <- hippo_media (video files -> inputs) <- hippo_plugins, hippo_adapters <-
-hippo.testing (the harness: it checks, and plants bugs in, the built-in parts), hippo_benchmarks,
-hippo_cli (front ends). Checked on the source with `ast`, lazy imports included.
+hippo (core) <- hippo.media (video files -> inputs) <- hippo.plugins, hippo.adapters <-
+hippo.testing (the harness: it checks, and plants bugs in, the built-in parts), hippo.benchmarks,
+hippo.cli (front ends). Checked on the source with `ast`, lazy imports included.
 """
 
 from __future__ import annotations
@@ -15,25 +15,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {  # import name -> (directory, import names it may use besides itself)
     "hippo": ("hippo", set()),  # without hippo/testing
-    "hippo.testing": ("hippo/testing", {"hippo", "hippo_media", "hippo_plugins", "hippo_adapters"}),
-    "hippo_media": ("media", {"hippo"}),
-    "hippo_plugins": ("plugins", {"hippo", "hippo_media"}),
-    "hippo_adapters": ("adapters", {"hippo", "hippo_media"}),
-    "hippo_benchmarks": ("benchmarks", {"hippo", "hippo_media", "hippo_plugins", "hippo_adapters"}),
-    "hippo_cli": (
+    "hippo.testing": ("hippo/testing", {"hippo", "hippo.media", "hippo.plugins", "hippo.adapters"}),
+    "hippo.media": ("media", {"hippo"}),
+    "hippo.plugins": ("plugins", {"hippo", "hippo.media"}),
+    "hippo.adapters": ("adapters", {"hippo", "hippo.media"}),
+    "hippo.benchmarks": ("benchmarks", {"hippo", "hippo.media", "hippo.plugins", "hippo.adapters"}),
+    "hippo.cli": (
         "cli",
-        {"hippo", "hippo.testing", "hippo_media", "hippo_plugins", "hippo_adapters", "hippo_benchmarks"},
+        {"hippo", "hippo.testing", "hippo.media", "hippo.plugins", "hippo.adapters", "hippo.benchmarks"},
     ),
 }
 
 
 def _layer(module: str) -> str:
     """The entry of PACKAGES a dotted module name belongs to (or its top-level name)."""
-    return (
-        "hippo.testing"
-        if module == "hippo.testing" or module.startswith("hippo.testing.")
-        else module.split(".")[0]
-    )
+    parts = module.split(".")
+    sub = ".".join(parts[:2])
+    return sub if sub in PACKAGES else parts[0]
 
 
 def _imports(path: Path) -> set[str]:
@@ -47,7 +45,8 @@ def _imports(path: Path) -> set[str]:
 
 
 def _from_hippo(node: ast.ImportFrom) -> str:  # `from hippo import testing` names the harness
-    return "hippo.testing" if any(a.name == "testing" for a in node.names) else "hippo"
+    subs = [f"hippo.{a.name}" for a in node.names if f"hippo.{a.name}" in PACKAGES]
+    return subs[0] if subs else "hippo"
 
 
 @pytest.mark.parametrize("package", sorted(PACKAGES))
@@ -89,7 +88,7 @@ def _core_imports(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             parts = node.module.split(".")
-            if parts[0] == "hippo" and len(parts) == 2:
+            if parts[0] == "hippo" and len(parts) == 2 and f"hippo.{parts[1]}" not in PACKAGES:
                 out.add(parts[1])
             elif node.module == "hippo":
                 out |= {a.name for a in node.names}

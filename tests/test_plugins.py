@@ -29,7 +29,7 @@ from hippo.registry import (
     plugin_manager,
     registry,
 )
-from hippo_cli.main import main
+from hippo.cli.main import main
 
 FIXTURE = Path(__file__).parent / "fixtures" / "thirdparty"
 DIST = "hippo-thirdparty-example"
@@ -80,7 +80,7 @@ USE_PLUGINS = """
     import attrs
     import torch
     import hippo
-    from hippo_cli.main import main
+    from hippo.cli.main import main
     from hippo.registry import describe, lookup, registry
 
     out = {"describe": describe()}
@@ -299,7 +299,7 @@ def test_hippo_plugins_lists_the_builtins(capsys: pytest.CaptureFixture[str]) ->
         line = next((ln for ln in out.splitlines() if ln.split()[:1] == [name]), None)
         assert line is not None, f"{name} missing from `hippo plugins`:\n{out}"
         assert "built-in (hippo " in line
-    assert "qwen2_5_vl" in out and "hippo_adapters.qwen2_5_vl:Qwen25VLAdapter" in out
+    assert "qwen2_5_vl" in out and "hippo.adapters.qwen2_5_vl:Qwen25VLAdapter" in out
 
 
 def test_readme_plugin_example_is_the_fixture() -> None:

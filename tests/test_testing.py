@@ -32,7 +32,7 @@ from hippo.testing import (
 )
 from hippo.testing._deps import MissingTestingDependency, require_hypothesis
 from hippo.testing.planted import PLANTED, planted_build, planted_plugin
-from hippo_cli.main import main
+from hippo.cli.main import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES / "lossy"))
@@ -245,7 +245,7 @@ def test_installed_plugins_with_hippo_check_and_their_own_suite(tmp_path):
         "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
     }
     env.pop("HIPPO_DISABLE_PLUGIN_AUTOLOAD", None)
-    hippo_cli = [sys.executable, "-m", "hippo_cli"]
+    hippo_cli = [sys.executable, "-m", "hippo.cli"]
     raising = subprocess.run(
         [*hippo_cli, "check", "lossy_raising", "--examples", "1", "--adapter", ADAPTER],
         capture_output=True,

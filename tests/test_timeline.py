@@ -15,16 +15,16 @@ import torch
 import hippo
 import hippo.events
 from hippo.events import Event, label
-from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
+from hippo.adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 _MODELS: dict = {}
 
 
 def timeline_module():
-    import hippo_benchmarks.timeline
+    import hippo.benchmarks.timeline
 
-    return hippo_benchmarks.timeline
+    return hippo.benchmarks.timeline
 
 
 def models():

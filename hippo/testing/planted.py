@@ -31,8 +31,8 @@ from hippo.accept import DraftProposal, Verdict, residual
 from hippo.interfaces import ModelSession
 from hippo.sampling import TokenPolicy
 from hippo.testing.drafters import registered
-from hippo_plugins.drafters import ChainDrafter
-from hippo_plugins.verifiers import TreeVerifier
+from hippo.plugins.drafters import ChainDrafter
+from hippo.plugins.verifiers import TreeVerifier
 
 PLUGIN_NAME = "hippo-testing-planted-bugs"
 

@@ -11,8 +11,8 @@ from transformers import AutoConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalG
 import hippo
 from hippo.errors import PluginError
 from hippo.registry import build_plugin_manager, resolve_adapter
-from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter
-from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_config
+from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter
+from hippo.adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_config
 
 
 class FakeVLMConfig(Qwen2_5_VLConfig):

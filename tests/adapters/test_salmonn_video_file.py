@@ -13,9 +13,9 @@ from transformers import WhisperFeatureExtractor
 
 import hippo
 from hippo.errors import InputError, ModelError, VideoError
-from hippo_adapters.video_salmonn2_plus import VideoSalmonn2PlusAdapter
-from hippo_adapters.video_salmonn2_plus_tiny import AUDIO, synthetic_inputs, tiny_model
-from hippo_media.inputs import decode_video, load_video_inputs, read_audio_track
+from hippo.adapters.video_salmonn2_plus import VideoSalmonn2PlusAdapter
+from hippo.adapters.video_salmonn2_plus_tiny import AUDIO, synthetic_inputs, tiny_model
+from hippo.media.inputs import decode_video, load_video_inputs, read_audio_track
 
 pytest.importorskip("av")
 from tiny_checkpoint import tiny_tokenizer, write_video  # noqa: E402

@@ -19,9 +19,9 @@ import hippo
 from hippo.compat import CACHE_ARG
 from hippo.errors import ConfigError, InputError
 from hippo.registry import resolve_adapter
-from hippo_adapters.qwen2_5_vl_tiny import tiny_config as qwen_tiny_config
-from hippo_adapters.video_salmonn2_plus import VideoSalmonn2PlusAdapter
-from hippo_adapters.video_salmonn2_plus_model import (
+from hippo.adapters.qwen2_5_vl_tiny import tiny_config as qwen_tiny_config
+from hippo.adapters.video_salmonn2_plus import VideoSalmonn2PlusAdapter
+from hippo.adapters.video_salmonn2_plus_model import (
     VideoSalmonn2PlusAudioConfig,
     VideoSalmonn2PlusConfig,
     VideoSalmonn2PlusForConditionalGeneration,
@@ -29,9 +29,9 @@ from hippo_adapters.video_salmonn2_plus_model import (
     audio_token_count,
     blip2_qformer_config,
 )
-from hippo_adapters.video_salmonn2_plus_positions import audio_split, clip_ids, mrope_positions
-from hippo_adapters.video_salmonn2_plus_tiny import AUDIO, synthetic_inputs, tiny_config, tiny_model
-from hippo_media.video import read_audio
+from hippo.adapters.video_salmonn2_plus_positions import audio_split, clip_ids, mrope_positions
+from hippo.adapters.video_salmonn2_plus_tiny import AUDIO, synthetic_inputs, tiny_config, tiny_model
+from hippo.media.video import read_audio
 
 F64 = torch.float64
 _MODELS: dict = {}
@@ -425,7 +425,7 @@ def test_audio_count_mismatch_and_bad_options():
 
 
 def test_detection_leaves_plain_qwen_to_its_adapter():
-    from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter
+    from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter
 
     assert resolve_adapter(qwen_tiny_config("target")) is Qwen25VLAdapter
     assert resolve_adapter(tiny_config("target")) is VideoSalmonn2PlusAdapter

@@ -1,4 +1,4 @@
-"""`python -m hippo_benchmarks.gpu_check`: its CPU smoke mode, its verdict on a differing output, and
+"""`python -m hippo.benchmarks.gpu_check`: its CPU smoke mode, its verdict on a differing output, and
 the real check on a GPU (skipped without CUDA)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hippo_benchmarks import gpu_check
+from hippo.benchmarks import gpu_check
 
 
 def test_cpu_smoke_mode_checks_every_eager_path_and_times_them(tmp_path, monkeypatch):

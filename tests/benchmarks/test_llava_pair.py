@@ -1,6 +1,6 @@
 """The committed LLaVA-OneVision pair (benchmarks/pair_llava/): checksums, accuracy, lossless decoding.
 
-Nothing is trained here; `python -m hippo_benchmarks.llava_pair --measure` gives the full figures.
+Nothing is trained here; `python -m hippo.benchmarks.llava_pair --measure` gives the full figures.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hippo_adapters.llava_onevision import LlavaOnevisionAdapter
-from hippo_benchmarks.llava_pair import (
+from hippo.adapters.llava_onevision import LlavaOnevisionAdapter
+from hippo.benchmarks.llava_pair import (
     HELD_OUT,
     MAX_NEW,
     SCHEMES,
@@ -20,7 +20,7 @@ from hippo_benchmarks.llava_pair import (
     processor_inputs,
     reference,
 )
-from hippo_benchmarks.task import sample
+from hippo.benchmarks.task import sample
 
 SEEDS = range(HELD_OUT, HELD_OUT + 8)
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hippo_benchmarks import bench
-from hippo_benchmarks.batching import make_batch
-from hippo_benchmarks.evaluate import HELD_OUT, greedy_ids
-from hippo_benchmarks.narration import NARRATE_BENCH, narration_sample, step_token_score
-from hippo_benchmarks.pair import NARRATE_DIR, load_pair
+from hippo.benchmarks import bench
+from hippo.benchmarks.batching import make_batch
+from hippo.benchmarks.evaluate import HELD_OUT, greedy_ids
+from hippo.benchmarks.narration import NARRATE_BENCH, narration_sample, step_token_score
+from hippo.benchmarks.pair import NARRATE_DIR, load_pair
 
 SEEDS = range(HELD_OUT, HELD_OUT + 4)
 

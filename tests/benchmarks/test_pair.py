@@ -10,12 +10,12 @@ import shutil
 import pytest
 import torch
 
-from hippo_benchmarks.batching import make_batch
-from hippo_benchmarks.evaluate import HELD_OUT, evaluate, greedy_ids
-from hippo_benchmarks.pair import NARRATE_DIR, PAIR_DIR, ChecksumError, load_pair
-from hippo_benchmarks.task import TaskConfig, sample
-from hippo_benchmarks.tokenizer import processor_inputs
-from hippo_benchmarks.widen import max_logit_difference, norms_in_input_dtype, widen
+from hippo.benchmarks.batching import make_batch
+from hippo.benchmarks.evaluate import HELD_OUT, evaluate, greedy_ids
+from hippo.benchmarks.pair import NARRATE_DIR, PAIR_DIR, ChecksumError, load_pair
+from hippo.benchmarks.task import TaskConfig, sample
+from hippo.benchmarks.tokenizer import processor_inputs
+from hippo.benchmarks.widen import max_logit_difference, norms_in_input_dtype, widen
 
 SEEDS = range(HELD_OUT, HELD_OUT + 16)
 
@@ -33,7 +33,7 @@ def wide():
 
 @pytest.mark.parametrize("pair", ["qwen2_5_vl", "narrate", "llava_onevision"])
 def test_a_changed_file_fails_the_checksum(tmp_path, pair):
-    from hippo_benchmarks import llava_pair
+    from hippo.benchmarks import llava_pair
 
     source, load = {
         "qwen2_5_vl": (PAIR_DIR, lambda d: load_pair(directory=d)),

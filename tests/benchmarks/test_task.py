@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hippo_benchmarks.task import (
+from hippo.benchmarks.task import (
     COLOURS,
     TaskConfig,
     caption_of,

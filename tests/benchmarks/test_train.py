@@ -8,9 +8,9 @@ import dataclasses
 
 import torch
 
-from hippo_benchmarks.pair import NARRATE_DIR
-from hippo_benchmarks.tokenizer import build_tokenizer
-from hippo_benchmarks.train import Phase, TrainConfig, phase_batches
+from hippo.benchmarks.pair import NARRATE_DIR
+from hippo.benchmarks.tokenizer import build_tokenizer
+from hippo.benchmarks.train import Phase, TrainConfig, phase_batches
 
 
 def _fields(batch) -> dict:
@@ -46,10 +46,10 @@ def test_attention_loss_reads_the_models_own_attention():
     """`train.attention_loss` recomputes one head's attention from the layer's inputs: it must be the
     attention the model itself computes (eager attention, float64), on the right answer positions,
     with the visual tokens pruned or not."""
-    from hippo_benchmarks.batching import lm_inputs, make_batch, select_kept
-    from hippo_benchmarks.models import new_model
-    from hippo_benchmarks.narration import narration_config, narration_sample
-    from hippo_benchmarks.train import AuxHeads, step_loss
+    from hippo.benchmarks.batching import lm_inputs, make_batch, select_kept
+    from hippo.benchmarks.models import new_model
+    from hippo.benchmarks.narration import narration_config, narration_sample
+    from hippo.benchmarks.train import AuxHeads, step_loss
 
     model = new_model("target", seed=0).double()
     model.set_attn_implementation("eager")

@@ -65,7 +65,7 @@ def test_the_extension_is_a_full_prefill(adapter):
 
 def test_question_independent_work_is_done_once(monkeypatch):
     """Temporal and spatial scores are computed once per video; the draft encodes the video once."""
-    from hippo_plugins import scorers
+    from hippo.plugins import scorers
 
     calls = {"temporal": 0, "spatial": 0, "draft encode": 0}
     for name, cls in (("temporal", scorers.TemporalScorer), ("spatial", scorers.SpatialScorer)):
@@ -136,7 +136,7 @@ def test_a_prompt_without_video_is_refused():
 def test_draft_process_keeps_the_video_encoding(monkeypatch):
     """The process executor's draft gets each question as a `DraftPrefix` of its context (so it
     encodes the video once and keeps it in its own store); every answer is target.generate's."""
-    from hippo_plugins import process_executor
+    from hippo.plugins import process_executor
 
     sent = []
     send = process_executor._DraftProcess.send

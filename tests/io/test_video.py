@@ -7,7 +7,7 @@ import torch
 from tiny_checkpoint import write_video
 
 from hippo.errors import ConfigError, InputError, VideoError
-from hippo_media.video import read_audio, read_video, sample_indices
+from hippo.media.video import read_audio, read_video, sample_indices
 
 pytest.importorskip("av")
 

@@ -268,7 +268,7 @@ def test_fixed_costs_need_no_calibration():
 @pytest.fixture
 def auto_scheduler():
     """`scheduler="auto"` registered (its entry point may not be installed yet); yields its module."""
-    from hippo_plugins import auto_scheduler as module
+    from hippo.plugins import auto_scheduler as module
 
     pm = hippo.plugin_manager()
     registered = "auto" not in hm.names("schedulers")
@@ -307,7 +307,7 @@ def test_auto_is_lossless_and_says_what_it_chose(auto_scheduler, tmp_path):
         assert plan["schedule"] == "autoregressive" or options[plan["schedule"]] == max(drafting)
         assert plan["costs"]["t_decode"] > 0 and plan["costs"]["draft_pruned"] > 0
     assert json.loads(json.dumps(out.stats.as_dict()))["plan"]["schedule"] == plan["schedule"]
-    from hippo_cli.video_commands import plan_lines  # what `hippo generate -v` prints
+    from hippo.cli.video_commands import plan_lines  # what `hippo generate -v` prints
 
     lines = plan_lines(plan)
     assert lines[0] == f"plan: schedule {plan['schedule']}: {plan['why']}"
@@ -372,7 +372,7 @@ def test_generate_verbose_and_json_say_what_was_chosen(tmp_path, capsys):
     pytest.importorskip("av")
     from tiny_checkpoint import save_checkpoint, write_video
 
-    from hippo_cli.main import main
+    from hippo.cli.main import main
 
     target, draft = (
         save_checkpoint(tmp_path / "target"),

@@ -33,7 +33,7 @@ from hippo.testing import models as hm
 from hippo.testing import params as hp
 from hippo.testing import reference as hr
 from hippo.testing import strategies as hs
-from hippo_plugins.tree import TreeDrafter
+from hippo.plugins.tree import TreeDrafter
 
 ADAPTERS = hp.adapter_params()
 CORRUPT_TREE = "test-corrupting-tree"

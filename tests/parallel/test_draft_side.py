@@ -17,7 +17,7 @@ from test_parallel import make_inputs, models, no_leaks  # noqa: F401 - no_leaks
 
 import hippo
 from hippo.sampling import TokenPolicy
-from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter
+from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter
 
 pytestmark = pytest.mark.xdist_group("processes")  # draft processes: with tests/parallel/test_parallel.py
 

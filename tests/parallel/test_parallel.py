@@ -27,9 +27,9 @@ from hippo.testing import strategies as hs
 from hippo.testing.greedy import regression_cases
 from hippo.testing.reference import path_logits
 from hippo.testing.strategies import examples
-from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
-from hippo_plugins.drafters import ChainDrafter
-from hippo_plugins.executors import InlineExecutor
+from hippo.adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
+from hippo.plugins.drafters import ChainDrafter
+from hippo.plugins.executors import InlineExecutor
 
 # draft processes, threads whose overlap is measured, timeouts: one worker, one test at a time
 pytestmark = pytest.mark.xdist_group("processes")
@@ -198,7 +198,7 @@ def test_draft_process_killed_mid_generation(no_leaks, caplog, monkeypatch):
     inputs = make_inputs(3, 56, 84, 3)
     ref = target.generate(**inputs, max_new_tokens=20, do_sample=False)
     pipe = build("hippo", True, executor="process")
-    from hippo_plugins import process_executor
+    from hippo.plugins import process_executor
 
     calls = {"n": 0}
     original = process_executor.ProcessDraftWorker.submit
@@ -301,7 +301,7 @@ import hippo
 from hippo.testing import assert_greedy_lossless
 from hippo.testing import strategies as hs
 from hippo.testing.strategies import examples
-from hippo_adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
+from hippo.adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
 target, draft = tiny_model("target", seed=0), tiny_model("draft", seed=1)
 inputs = synthetic_inputs(target, torch.rand(2, 56, 56, 3), [1, 5, 6], [7, 8])
 pipe = hippo.PipelineBuilder().target(target).draft(draft).scheduler("pearl", executor="process").build()
@@ -445,7 +445,7 @@ def test_cuda_draft_runs_on_its_own_stream(scheduler):
 def test_auto_executor_chooses_by_machine(self_spec, cores, name, options):
     """`executor="auto"` on CPU: one after the other for a self-drafting model, under 4 cores, or
     when sampling; else a draft process on half the cores, the target's prefill on all of them."""
-    from hippo_plugins.auto_executor import choose
+    from hippo.plugins.auto_executor import choose
 
     pipe = build("hippo", self_spec, executor="auto")
     greedy, sampling = (
@@ -463,7 +463,7 @@ def test_auto_executor_refuses_options_for_an_executor_it_never_picks():
 def test_auto_executor_runs_a_draft_process_losslessly(no_leaks):
     """The chosen process executor runs (as on 4 cores: 2 threads each, the prefill on 4); output
     unchanged."""
-    from hippo_plugins.process_executor import ProcessExecutor
+    from hippo.plugins.process_executor import ProcessExecutor
 
     target, _ = models()
     inputs = make_inputs(3, 56, 84, 4)

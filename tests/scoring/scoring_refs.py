@@ -121,7 +121,7 @@ def attention_ref(
 
 def multi_video_inputs(model, videos: list[torch.Tensor], texts: list[list[int]]) -> dict:
     """Processor-shaped inputs for texts[0] <video 0> texts[1] <video 1> texts[2] ... (Qwen2.5-VL)."""
-    from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
+    from hippo.adapters.qwen2_5_vl import frames_to_pixel_values
 
     cfg = model.config
     ids, pix, thw = list(texts[0]), [], []

@@ -14,8 +14,8 @@ from scoring_refs import attention_ref, multi_video_inputs
 from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import ScoringContext
 from hippo.testing import strategies as hs
-from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter
-from hippo_plugins.attention import AttentionScorer, query_rows, text_to_visual_attention
+from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter
+from hippo.plugins.attention import AttentionScorer, query_rows, text_to_visual_attention
 
 # ---- the chunked kernel ---------------------------------------------------------------------
 

@@ -14,8 +14,8 @@ from hippo.errors import ConfigError, InputError
 from hippo.registry import lookup
 from hippo.testing import strategies as hs
 from hippo.types import VisualTokens
-from hippo_plugins.baselines import DyCokeSelector, FastVIDSelector, FrameSelector
-from hippo_plugins.ranked_selectors import SpecVLMSelector, TopKSelector
+from hippo.plugins.baselines import DyCokeSelector, FastVIDSelector, FrameSelector
+from hippo.plugins.ranked_selectors import SpecVLMSelector, TopKSelector
 
 SELECTORS = [
     ("topk", {}),

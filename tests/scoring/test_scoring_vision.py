@@ -13,7 +13,7 @@ from hippo.errors import ConfigError, InputError
 from hippo.interfaces import ScoringContext
 from hippo.testing import strategies as hs
 from hippo.types import VisualTokens
-from hippo_plugins.scorers import HolisticScorer, SpatialScorer, TemporalScorer, frame_zscore
+from hippo.plugins.scorers import HolisticScorer, SpatialScorer, TemporalScorer, frame_zscore
 
 dims = st.sampled_from([1, 3, 8])
 seeds = st.integers(0, 2**16)
