@@ -196,29 +196,14 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
         core, cfg, dev = self.model.model, self.model.config, self.device
         ids = _batch1(inputs, "input_ids").to(dev)
         embeds = core.get_input_embeddings()(ids)  # [L, D]
-        video = torch.zeros(0, embeds.shape[-1], dtype=embeds.dtype, device=dev)
-        grids: tuple[tuple[int, int, int], ...] = ()
         extras: dict[str, Any] = {}
-        video_pos = (ids == cfg.video_token_id).nonzero().flatten()
-        if inputs.get("pixel_values_videos") is not None:
-            thw = inputs["video_grid_thw"].to(dev)
-            extras["video"] = core.get_video_features(inputs["pixel_values_videos"].to(dev), thw)
-            video = torch.cat(extras["video"].pooler_output).to(embeds.dtype)
-            m = self.spatial_merge
-            grids = tuple((int(t), int(h) // m, int(w) // m) for t, h, w in thw.tolist())
-        if video.shape[0] != video_pos.shape[0]:
-            raise InputError(
-                f"the prompt has {video_pos.shape[0]} video tokens but the video encodes to {video.shape[0]}; "
-                "build input_ids and pixel values with the same processor call"
-            )
-        embeds = embeds.index_put((video_pos,), video)
+        embeds, visual = self._embed_video(inputs, ids, embeds, extras)
         if inputs.get("pixel_values") is not None:  # images are passed through, never pruned
             feats = core.get_image_features(inputs["pixel_values"].to(dev), inputs["image_grid_thw"].to(dev))
             extras["image"] = feats
             image_pos = (ids == cfg.image_token_id).nonzero().flatten()
             embeds = embeds.index_put((image_pos,), torch.cat(feats.pooler_output).to(embeds.dtype))
         positions, next_pos = self.prompt_positions(inputs)
-        visual = VisualTokens(embeds=video, seq_index=video_pos, grids=grids)
         return Encoded(
             input_ids=ids,
             embeds=embeds,
@@ -227,6 +212,38 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
             next_position=next_pos,
             extras=extras,
         )
+
+    def _embed_video(
+        self,
+        inputs: dict[str, Any],
+        ids: torch.Tensor,  # [L]
+        embeds: torch.Tensor,  # [L, D]
+        extras: dict[str, Any],
+    ) -> tuple[torch.Tensor, VisualTokens]:  # -> [L, D], the N video tokens
+        """Encode the video and put its N tokens into `embeds` at the video placeholders; the vision
+        encoder's output goes to extras["video"]."""
+        dev = self.device
+        video = torch.zeros(0, embeds.shape[-1], dtype=embeds.dtype, device=dev)  # [N, D]
+        grids: tuple[tuple[int, int, int], ...] = ()
+        video_pos = (ids == self.model.config.video_token_id).nonzero().flatten()  # [N]
+        if inputs.get("pixel_values_videos") is not None:
+            thw = inputs.get("video_grid_thw")
+            if thw is None:
+                raise InputError(
+                    "inputs have pixel_values_videos but no video_grid_thw; pass the processor's output"
+                )
+            thw = thw.to(dev)
+            extras["video"] = self.model.model.get_video_features(inputs["pixel_values_videos"].to(dev), thw)
+            video = torch.cat(extras["video"].pooler_output).to(embeds.dtype)
+            m = self.spatial_merge
+            grids = tuple((int(t), int(h) // m, int(w) // m) for t, h, w in thw.tolist())
+        if video.shape[0] != video_pos.shape[0]:
+            raise InputError(
+                f"the prompt has {video_pos.shape[0]} video tokens but the video encodes to {video.shape[0]}; "
+                "build input_ids and pixel values with the same processor call"
+            )
+        visual = VisualTokens(embeds=video, seq_index=video_pos, grids=grids)
+        return embeds.index_put((video_pos,), video), visual
 
     @torch.inference_mode()
     def prompt_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, int]:  # -> [3, L], next

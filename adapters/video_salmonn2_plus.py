@@ -26,7 +26,7 @@ import torch
 from hippo import hookimpl
 from hippo.errors import ConfigError, InputError, ModelError
 from hippo.interfaces import Encoded
-from hippo.types import VideoClip, VisualTokens
+from hippo.types import VideoClip
 from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter, _batch1
 from hippo_adapters.video_salmonn2_plus_inputs import clip_inputs, fit_audio, token_types
 from hippo_adapters.video_salmonn2_plus_model import (
@@ -154,26 +154,7 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
         )
         embeds = embeds[0]  # [L, D]
         extras: dict[str, Any] = {}
-        video = torch.zeros(0, embeds.shape[-1], dtype=embeds.dtype, device=dev)
-        grids: tuple[tuple[int, int, int], ...] = ()
-        video_pos = (ids == cfg.video_token_id).nonzero().flatten()  # [N]
-        thw = inputs.get("video_grid_thw")
-        if inputs.get("pixel_values_videos") is not None:
-            if thw is None:
-                raise InputError(
-                    "inputs have pixel_values_videos but no video_grid_thw; pass the processor's output"
-                )
-            thw = thw.to(dev)
-            extras["video"] = model.model.get_video_features(inputs["pixel_values_videos"].to(dev), thw)
-            video = torch.cat(extras["video"].pooler_output).to(embeds.dtype)  # [N, D]
-            m = self.spatial_merge
-            grids = tuple((int(t), int(h) // m, int(w) // m) for t, h, w in thw.tolist())
-        if video.shape[0] != video_pos.shape[0]:
-            raise InputError(
-                f"the prompt has {video_pos.shape[0]} video tokens but the video encodes to {video.shape[0]}; "
-                "build input_ids and pixel values with the same processor call"
-            )
-        embeds = embeds.index_put((video_pos,), video)
+        embeds, visual = self._embed_video(inputs, ids, embeds, extras)
         if audio is not None:
             extras["audio"] = audio  # [A, D]
             extras["audio_index"] = (ids == cfg.audio_token_id).nonzero().flatten()  # [A]
@@ -182,7 +163,7 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
             input_ids=ids,
             embeds=embeds,
             positions=positions,
-            visual=VisualTokens(embeds=video, seq_index=video_pos, grids=grids),
+            visual=visual,
             next_position=next_pos,
             extras=extras,
         )
