@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from hippo_adapters.qwen2_5_vl import frames_to_pixel_values
-from hippo_benchmarks.narration import attention_targets
-from hippo_benchmarks.task import CLIP_SECONDS, Sample
 from hippo_benchmarks.tokenizer import caption_ids, prompt_ids, seconds_per_grid
+from hippo_cli.pair.narration import attention_targets
+from hippo_cli.pair.task import CLIP_SECONDS, Sample
 
 IGNORE = -100
 

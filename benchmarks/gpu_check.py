@@ -174,7 +174,7 @@ def build_models(sizes: Sizes, device: str, skip_scale: float, seed: int) -> tup
     """(target, draft) in float32 on `device`: the draft is the target's first `draft_layers` layers."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from hippo_benchmarks.models import set_generation_defaults
+    from hippo_cli.pair.tokens import set_generation_defaults
 
     torch.manual_seed(seed)
     with torch.device(device):  # initialised on the device: seconds, not a minute of CPU init

@@ -12,10 +12,8 @@ import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from hippo_adapters.tiny import mrope_parameters, qwen_config, qwen_vision_config, text_config
-from hippo_benchmarks.tokenizer import SPECIALS, VOCAB_SIZE
-
-IDS = {tok: i for i, tok in enumerate(SPECIALS)}
-BOS, EOS, PAD = IDS["<|endoftext|>"], IDS["<|im_end|>"], IDS["<|endoftext|>"]
+from hippo_benchmarks.tokenizer import VOCAB_SIZE
+from hippo_cli.pair.tokens import BOS, EOS, IDS, PAD, set_generation_defaults
 
 SIZES = {
     "target": dict(
@@ -43,13 +41,6 @@ def new_model(role: str, seed: int, **overrides) -> Qwen2_5_VLForConditionalGene
     model = Qwen2_5_VLForConditionalGeneration(pair_config(role, **overrides))
     set_generation_defaults(model)
     return model
-
-
-def set_generation_defaults(model) -> None:
-    gc = model.generation_config
-    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = BOS, EOS, PAD
-    gc.do_sample = False
-    gc.max_new_tokens = 32
 
 
 def n_params(model) -> int:

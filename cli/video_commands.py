@@ -125,7 +125,7 @@ def check_video_options(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-pixels must be >= 1, got {args.max_pixels}")
 
 
-def write_json(path: str, data: dict[str, Any], flag: str = "--json") -> None:
+def write_json(path: str, data: Any, flag: str = "--json") -> None:
     try:
         with open(path, "w") as f:
             json.dump(data, f, indent=2)
@@ -316,7 +316,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             for line in plan_lines(s.plan):
                 say(line)
         if args.timeline:
-            from hippo_benchmarks.timeline import draw_timeline
+            from hippo_cli.timeline import draw_timeline
 
             say(f"timeline: {draw_timeline(s, args.timeline)}")
         result: dict[str, Any] = {

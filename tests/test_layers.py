@@ -1,8 +1,10 @@
 """The packages import only downward: the core knows nothing of plugins, adapters or front ends.
 
 hippo (core) <- hippo_media (video files -> inputs) <- hippo_plugins, hippo_adapters <-
-hippo.testing (the harness: it checks, and plants bugs in, the built-in parts), hippo_benchmarks,
-hippo_cli (front ends). Checked on the source with `ast`, lazy imports included.
+hippo.testing (the harness: it checks, and plants bugs in, the built-in parts) <- hippo_cli (front
+ends, with the demo's pair and the timeline chart) <- hippo_benchmarks (the research: training,
+evaluation, `hippo bench`). The product never imports the benchmarks. Checked on the source with
+`ast`, lazy imports included.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ PACKAGES = {  # import name -> (directory, import names it may use besides itsel
     "hippo_media": ("media", {"hippo"}),
     "hippo_plugins": ("plugins", {"hippo", "hippo_media"}),
     "hippo_adapters": ("adapters", {"hippo", "hippo_media"}),
-    "hippo_benchmarks": ("benchmarks", {"hippo", "hippo_media", "hippo_plugins", "hippo_adapters"}),
-    "hippo_cli": (
-        "cli",
-        {"hippo", "hippo.testing", "hippo_media", "hippo_plugins", "hippo_adapters", "hippo_benchmarks"},
+    "hippo_cli": ("cli", {"hippo", "hippo.testing", "hippo_media", "hippo_plugins", "hippo_adapters"}),
+    "hippo_benchmarks": (
+        "benchmarks",
+        {"hippo", "hippo_media", "hippo_plugins", "hippo_adapters", "hippo_cli"},
     ),
 }
 
@@ -68,3 +70,10 @@ def test_no_sys_path_edits_in_packages():
     for folder, _ in PACKAGES.values():
         for f in (ROOT / folder).rglob("*.py"):
             assert "sys.path.insert" not in f.read_text(), f"{f} edits sys.path"
+
+
+def test_the_product_never_imports_the_benchmarks():
+    """The demo's pair and the timeline chart ship with the front ends (hippo_cli.pair,
+    hippo_cli.timeline): no package but the benchmarks themselves may import hippo_benchmarks."""
+    allowed = {name for name, (_, uses) in PACKAGES.items() if "hippo_benchmarks" in uses}
+    assert not allowed, f"{sorted(allowed)} may import hippo_benchmarks"

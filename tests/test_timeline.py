@@ -22,9 +22,9 @@ _MODELS: dict = {}
 
 
 def timeline_module():
-    import hippo_benchmarks.timeline
+    import hippo_cli.timeline
 
-    return hippo_benchmarks.timeline
+    return hippo_cli.timeline
 
 
 def models():

@@ -20,7 +20,7 @@ from hippo_benchmarks.llava_pair import (
     processor_inputs,
     reference,
 )
-from hippo_benchmarks.task import sample
+from hippo_cli.pair.task import sample
 
 SEEDS = range(HELD_OUT, HELD_OUT + 8)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hippo_benchmarks.task import (
+from hippo_cli.pair.task import (
     COLOURS,
     TaskConfig,
     caption_of,

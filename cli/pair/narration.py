@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import torch
 
-from hippo_benchmarks.task import (
+from hippo_cli.pair.task import (
     COLOURS,
     MOTION_WORDS,
     MOTIONS,
