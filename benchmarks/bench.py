@@ -177,7 +177,7 @@ def tiny_workload(n: int, seed: int) -> Workload:
 
 def position_bias_chart(w: Workload, keep: float, out: Path) -> dict:
     """Attention-only vs holistic top-k on the first video (paper Figs. 2, 8): JSON figures + PNG."""
-    from hippo_plugins.bias import plot_position_bias, position_bias
+    from hippo_cli.bias import plot_position_bias, position_bias
 
     pipe = hippo.PipelineBuilder().target(w.target).scheduler("autoregressive").build()
     try:

@@ -397,7 +397,7 @@ def _video_info(path: str, clip: Any) -> dict[str, Any]:
 
 
 def cmd_bias(args: argparse.Namespace) -> int:
-    from hippo_plugins.bias import plot_position_bias, position_bias
+    from hippo_cli.bias import plot_position_bias, position_bias
 
     lookup("selectors", "topk").from_options(keep_ratio=args.keep_ratio)  # fails fast on a bad ratio
     if not 0.0 <= args.boundary <= 0.5:

@@ -51,7 +51,6 @@ from hippo.job import DecodeJob
 from hippo.registry import lookup
 from hippo_plugins.auto_executor import choose as choose_executor
 from hippo_plugins.auto_executor import usable_cores
-from hippo_plugins.thread_worker import model_device
 
 #: the drafting schedules `auto` may run, in order of preference on equal predictions
 DRAFTING = ("serial", "hippo", "pearl")
@@ -90,6 +89,10 @@ def model_digest(model: torch.nn.Module) -> str:
             h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:{total!r}".encode())
             h.update(sample.view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def fingerprint(target: torch.nn.Module, draft: torch.nn.Module) -> dict[str, Any]:

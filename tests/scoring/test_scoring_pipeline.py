@@ -13,7 +13,7 @@ from hippo.errors import ConfigError
 from hippo.registry import registry
 from hippo.types import VisualTokens
 from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter
-from hippo_plugins.bias import (
+from hippo_cli.bias import (
     boundary_mask,
     boundary_stats,
     plot_position_bias,
