@@ -273,19 +273,25 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
         return mask
 
     def _prefill_logits(
-        self, encoded: Encoded, mask: torch.Tensor | None, cache: Any
+        self,
+        encoded: Encoded,
+        mask: torch.Tensor | None,  # [L] bool: the rows the model reads; None: all
+        cache: Any,
     ) -> torch.Tensor:  # -> [V]
-        embeds, positions = encoded.embeds, encoded.positions
-        if mask is not None:
-            embeds, positions = embeds[mask], positions[:, mask]
+        positions = encoded.positions if mask is None else encoded.positions[:, mask]  # [3, L']
         out = self.model(
-            inputs_embeds=embeds[None],
+            **self._prefill_inputs(encoded, mask),
             position_ids=positions[:, None, :],
             **cache_arg(cache),
             use_cache=True,
             logits_to_keep=1,
         )
         return out.logits[0, -1]
+
+    def _prefill_inputs(self, encoded: Encoded, mask: torch.Tensor | None) -> dict[str, Any]:
+        """The model's inputs for the rows `mask` keeps: here the prompt's embeddings [1, L', D]."""
+        embeds = encoded.embeds if mask is None else encoded.embeds[mask]
+        return {"inputs_embeds": embeds[None]}
 
     @torch.inference_mode()
     def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> KVSession:

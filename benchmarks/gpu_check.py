@@ -132,13 +132,15 @@ def ensure_builtins() -> str:
 
 @dataclass(frozen=True)
 class Sizes:
-    hidden: int = 2048
-    layers: int = 10
-    heads: int = 16
-    kv_heads: int = 4
-    ffn: int = 5632
-    draft_layers: int = 1
-    frames: int = 8
+    """The random pair's sizes: the target's language model; the draft is its first layers."""
+
+    hidden: int = 2048  # residual width of both models
+    layers: int = 10  # the target's decoder layers
+    heads: int = 16  # query heads (head_dim = hidden / heads)
+    kv_heads: int = 4  # key/value heads (grouped-query attention)
+    ffn: int = 5632  # MLP width
+    draft_layers: int = 1  # the draft: the target's first layers, the same embeddings and head
+    frames: int = 8  # video frames of the synthetic clip
     pixels: int = 224  # frame side; a multiple of 28 (patch 14 x merge 2)
     new_tokens: int = 65  # 1 + 16 rounds of γ=4 fully accepted: few distinct verification widths
 
