@@ -193,17 +193,11 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
     @torch.inference_mode()
     def encode(self, inputs: dict[str, Any]) -> Encoded:
         self._check_inputs(inputs)
-        core, cfg, dev = self.model.model, self.model.config, self.device
-        ids = _batch1(inputs, "input_ids").to(dev)
-        embeds = core.get_input_embeddings()(ids)  # [L, D]
+        ids = _batch1(inputs, "input_ids").to(self.device)  # [L]
         extras: dict[str, Any] = {}
+        embeds = self._embed_prompt(inputs, ids, extras)  # [L, D]
         embeds, visual = self._embed_video(inputs, ids, embeds, extras)
-        if inputs.get("pixel_values") is not None:  # images are passed through, never pruned
-            feats = core.get_image_features(inputs["pixel_values"].to(dev), inputs["image_grid_thw"].to(dev))
-            extras["image"] = feats
-            image_pos = (ids == cfg.image_token_id).nonzero().flatten()
-            embeds = embeds.index_put((image_pos,), torch.cat(feats.pooler_output).to(embeds.dtype))
-        positions, next_pos = self.prompt_positions(inputs)
+        positions, next_pos = self.prompt_positions(inputs)  # [3, L]
         return Encoded(
             input_ids=ids,
             embeds=embeds,
@@ -212,6 +206,20 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
             next_position=next_pos,
             extras=extras,
         )
+
+    def _embed_prompt(
+        self, inputs: dict[str, Any], ids: torch.Tensor, extras: dict[str, Any]
+    ) -> torch.Tensor:  # ids [L] -> [L, D]
+        """The prompt's embeddings, but for the video tokens (`_embed_video` fills them): the text, and
+        the images, which are passed through and never pruned (their encoder output in extras["image"])."""
+        core, dev = self.model.model, self.device
+        embeds = core.get_input_embeddings()(ids)  # [L, D]
+        if inputs.get("pixel_values") is not None:
+            feats = core.get_image_features(inputs["pixel_values"].to(dev), inputs["image_grid_thw"].to(dev))
+            extras["image"] = feats
+            image_pos = (ids == self.model.config.image_token_id).nonzero().flatten()
+            embeds = embeds.index_put((image_pos,), torch.cat(feats.pooler_output).to(embeds.dtype))
+        return embeds
 
     def _embed_video(
         self,

@@ -25,7 +25,6 @@ import torch
 
 from hippo import hookimpl
 from hippo.errors import ConfigError, InputError, ModelError
-from hippo.interfaces import Encoded
 from hippo.types import VideoClip
 from hippo_adapters.qwen2_5_vl import Qwen25VLAdapter, _batch1
 from hippo_adapters.video_salmonn2_plus_inputs import clip_inputs, fit_audio, token_types
@@ -142,31 +141,20 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
         if inputs.get("pixel_values") is not None:
             raise InputError("video-SALMONN 2+ takes videos (pixel_values_videos) and audio, not images")
 
-    @torch.inference_mode()
-    def encode(self, inputs: dict[str, Any]) -> Encoded:
-        self._check_inputs(inputs)
-        model, cfg, dev = self.model, self.model.config, self.device
-        ids = _batch1(inputs, "input_ids").to(dev)  # [L]
+    def _embed_prompt(
+        self, inputs: dict[str, Any], ids: torch.Tensor, extras: dict[str, Any]
+    ) -> torch.Tensor:  # ids [L] -> [L, D]
+        """The text and the audio tokens' embeddings (the audio tokens and their rows in extras)."""
+        dev = self.device
         feats = inputs.get("audio_feature")
         lengths = inputs.get("audio_lengths")
-        embeds, audio = model.embed_prompt(
+        embeds, audio = self.model.embed_prompt(
             ids[None], None if feats is None else feats.to(dev), None if lengths is None else lengths.to(dev)
         )
-        embeds = embeds[0]  # [L, D]
-        extras: dict[str, Any] = {}
-        embeds, visual = self._embed_video(inputs, ids, embeds, extras)
         if audio is not None:
             extras["audio"] = audio  # [A, D]
-            extras["audio_index"] = (ids == cfg.audio_token_id).nonzero().flatten()  # [A]
-        positions, next_pos = self.prompt_positions(inputs)  # [3, L]
-        return Encoded(
-            input_ids=ids,
-            embeds=embeds,
-            positions=positions,
-            visual=visual,
-            next_position=next_pos,
-            extras=extras,
-        )
+            extras["audio_index"] = (ids == self.model.config.audio_token_id).nonzero().flatten()  # [A]
+        return embeds[0]
 
     def prompt_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, int]:  # -> [3, L], next
         """The prompt's M-RoPE positions in this adapter's layout (no encoding); generate(): last + 1."""
