@@ -25,13 +25,11 @@ from typing import Any, ClassVar
 import torch
 from transformers import DynamicCache, LlavaOnevisionForConditionalGeneration
 
-from hippo import hookimpl
+from hippo.adapters.attention_readout import AttentionReadout
+from hippo.adapters.hooks import adapter_hooks
 from hippo.compat import cache_arg
 from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import Adapter, Encoded
-from hippo.session import KVSession
-from hippo.types import VideoClip, VisualTokens
-from hippo.adapters.attention_readout import AttentionReadout
 from hippo.media.inputs import (
     chat_text,
     expand_placeholder,
@@ -41,6 +39,8 @@ from hippo.media.inputs import (
     token_string,
     tokenize,
 )
+from hippo.session import KVSession
+from hippo.types import VideoClip, VisualTokens
 
 POSITIONS = ("original", "compact")
 
@@ -180,11 +180,4 @@ class LlavaOnevisionAdapter(AttentionReadout, Adapter):
         return KVSession(self.model, cache, out.logits[0, -1], L, L, decode_positions)
 
 
-@hookimpl
-def hippo_register_adapters():
-    return {LlavaOnevisionAdapter.name: LlavaOnevisionAdapter}
-
-
-@hookimpl
-def hippo_resolve_adapter(config):
-    return LlavaOnevisionAdapter if LlavaOnevisionAdapter.matches(config) else None
+hippo_register_adapters, hippo_resolve_adapter = adapter_hooks(LlavaOnevisionAdapter)

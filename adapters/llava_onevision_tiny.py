@@ -5,14 +5,10 @@ from __future__ import annotations
 import torch
 from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
 
-from hippo.adapters.qwen2_5_vl_tiny import BOS, EOS, IMAGE, VIDEO, VOCAB
+from hippo.adapters.tiny import BOS, EOS, IMAGE, PAD, SIZES, VIDEO, VOCAB, seeded_model, text_config
 
 MEAN = torch.tensor([0.5, 0.5, 0.5])
 STD = torch.tensor([0.5, 0.5, 0.5])
-SIZES = {
-    "target": dict(hidden=64, layers=3, heads=4, kv_heads=2, ffn=128, vit_hidden=32, vit_depth=2),
-    "draft": dict(hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, vit_hidden=16, vit_depth=1),
-}
 IMAGE_SIZE, PATCH = 112, 14  # 8x8 patches, pooled to 4x4 = 16 tokens per frame
 
 
@@ -21,26 +17,13 @@ def tiny_config(
     *,
     sizes: dict | None = None,  # default SIZES[role]
     vocab: int = VOCAB,
-    ids: tuple[int, int, int] = (BOS, EOS, 0),  # bos, eos, pad
+    ids: tuple[int, int, int] = (BOS, EOS, PAD),  # bos, eos, pad
     media: tuple[int, int] = (IMAGE, VIDEO),  # image and video placeholder ids
     image_size: int = IMAGE_SIZE,
 ) -> LlavaOnevisionConfig:
     """A small stock LLaVA-OneVision config (Qwen2 language model, SigLIP tower, patch 14)."""
     s = sizes or SIZES[role]
-    bos, eos, pad = ids
-    text = dict(
-        model_type="qwen2",
-        vocab_size=vocab,
-        hidden_size=s["hidden"],
-        intermediate_size=s["ffn"],
-        num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"],
-        num_key_value_heads=s["kv_heads"],
-        max_position_embeddings=4096,
-        bos_token_id=bos,
-        eos_token_id=eos,
-        pad_token_id=pad,
-    )
+    text = text_config(s, vocab, ids, model_type="qwen2")
     vision = dict(
         model_type="siglip_vision_model",
         hidden_size=s["vit_hidden"],
@@ -63,11 +46,7 @@ def tiny_config(
 
 
 def tiny_model(role: str = "target", *, seed: int = 0, dtype: torch.dtype = torch.float32):
-    torch.manual_seed(seed)
-    model = LlavaOnevisionForConditionalGeneration(tiny_config(role)).to(dtype).eval()
-    gc = model.generation_config
-    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = BOS, EOS, 0
-    return model
+    return seeded_model(LlavaOnevisionForConditionalGeneration, tiny_config(role), seed, dtype)
 
 
 def synthetic_inputs(model, video: torch.Tensor, text_before: list[int], text_after: list[int]) -> dict:

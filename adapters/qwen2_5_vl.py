@@ -16,12 +16,10 @@ import torch
 from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
 
 from hippo import hookimpl
+from hippo.adapters.attention_readout import AttentionReadout
 from hippo.compat import cache_arg
 from hippo.errors import InputError, UnsupportedError
 from hippo.interfaces import Adapter, Encoded
-from hippo.session import KVSession
-from hippo.types import VideoClip, VisualTokens
-from hippo.adapters.attention_readout import AttentionReadout
 from hippo.media.inputs import (
     chat_text,
     expand_placeholder,
@@ -33,6 +31,8 @@ from hippo.media.inputs import (
     token_string,
     tokenize,
 )
+from hippo.session import KVSession
+from hippo.types import VideoClip, VisualTokens
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
@@ -193,32 +193,11 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
     @torch.inference_mode()
     def encode(self, inputs: dict[str, Any]) -> Encoded:
         self._check_inputs(inputs)
-        core, cfg, dev = self.model.model, self.model.config, self.device
-        ids = _batch1(inputs, "input_ids").to(dev)
-        embeds = core.get_input_embeddings()(ids)  # [L, D]
-        video = torch.zeros(0, embeds.shape[-1], dtype=embeds.dtype, device=dev)
-        grids: tuple[tuple[int, int, int], ...] = ()
+        ids = _batch1(inputs, "input_ids").to(self.device)  # [L]
         extras: dict[str, Any] = {}
-        video_pos = (ids == cfg.video_token_id).nonzero().flatten()
-        if inputs.get("pixel_values_videos") is not None:
-            thw = inputs["video_grid_thw"].to(dev)
-            extras["video"] = core.get_video_features(inputs["pixel_values_videos"].to(dev), thw)
-            video = torch.cat(extras["video"].pooler_output).to(embeds.dtype)
-            m = self.spatial_merge
-            grids = tuple((int(t), int(h) // m, int(w) // m) for t, h, w in thw.tolist())
-        if video.shape[0] != video_pos.shape[0]:
-            raise InputError(
-                f"the prompt has {video_pos.shape[0]} video tokens but the video encodes to {video.shape[0]}; "
-                "build input_ids and pixel values with the same processor call"
-            )
-        embeds = embeds.index_put((video_pos,), video)
-        if inputs.get("pixel_values") is not None:  # images are passed through, never pruned
-            feats = core.get_image_features(inputs["pixel_values"].to(dev), inputs["image_grid_thw"].to(dev))
-            extras["image"] = feats
-            image_pos = (ids == cfg.image_token_id).nonzero().flatten()
-            embeds = embeds.index_put((image_pos,), torch.cat(feats.pooler_output).to(embeds.dtype))
-        positions, next_pos = self.prompt_positions(inputs)
-        visual = VisualTokens(embeds=video, seq_index=video_pos, grids=grids)
+        embeds = self._embed_prompt(inputs, ids, extras)  # [L, D]
+        embeds, visual = self._embed_video(inputs, ids, embeds, extras)
+        positions, next_pos = self.prompt_positions(inputs)  # [3, L]
         return Encoded(
             input_ids=ids,
             embeds=embeds,
@@ -227,6 +206,52 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
             next_position=next_pos,
             extras=extras,
         )
+
+    def _embed_prompt(
+        self, inputs: dict[str, Any], ids: torch.Tensor, extras: dict[str, Any]
+    ) -> torch.Tensor:  # ids [L] -> [L, D]
+        """The prompt's embeddings, but for the video tokens (`_embed_video` fills them): the text, and
+        the images, which are passed through and never pruned (their encoder output in extras["image"])."""
+        core, dev = self.model.model, self.device
+        embeds = core.get_input_embeddings()(ids)  # [L, D]
+        if inputs.get("pixel_values") is not None:
+            feats = core.get_image_features(inputs["pixel_values"].to(dev), inputs["image_grid_thw"].to(dev))
+            extras["image"] = feats
+            image_pos = (ids == self.model.config.image_token_id).nonzero().flatten()
+            embeds = embeds.index_put((image_pos,), torch.cat(feats.pooler_output).to(embeds.dtype))
+        return embeds
+
+    def _embed_video(
+        self,
+        inputs: dict[str, Any],
+        ids: torch.Tensor,  # [L]
+        embeds: torch.Tensor,  # [L, D]
+        extras: dict[str, Any],
+    ) -> tuple[torch.Tensor, VisualTokens]:  # -> [L, D], the N video tokens
+        """Encode the video and put its N tokens into `embeds` at the video placeholders; the vision
+        encoder's output goes to extras["video"]."""
+        dev = self.device
+        video = torch.zeros(0, embeds.shape[-1], dtype=embeds.dtype, device=dev)  # [N, D]
+        grids: tuple[tuple[int, int, int], ...] = ()
+        video_pos = (ids == self.model.config.video_token_id).nonzero().flatten()  # [N]
+        if inputs.get("pixel_values_videos") is not None:
+            thw = inputs.get("video_grid_thw")
+            if thw is None:
+                raise InputError(
+                    "inputs have pixel_values_videos but no video_grid_thw; pass the processor's output"
+                )
+            thw = thw.to(dev)
+            extras["video"] = self.model.model.get_video_features(inputs["pixel_values_videos"].to(dev), thw)
+            video = torch.cat(extras["video"].pooler_output).to(embeds.dtype)
+            m = self.spatial_merge
+            grids = tuple((int(t), int(h) // m, int(w) // m) for t, h, w in thw.tolist())
+        if video.shape[0] != video_pos.shape[0]:
+            raise InputError(
+                f"the prompt has {video_pos.shape[0]} video tokens but the video encodes to {video.shape[0]}; "
+                "build input_ids and pixel values with the same processor call"
+            )
+        visual = VisualTokens(embeds=video, seq_index=video_pos, grids=grids)
+        return embeds.index_put((video_pos,), video), visual
 
     @torch.inference_mode()
     def prompt_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, int]:  # -> [3, L], next
@@ -256,19 +281,25 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
         return mask
 
     def _prefill_logits(
-        self, encoded: Encoded, mask: torch.Tensor | None, cache: Any
+        self,
+        encoded: Encoded,
+        mask: torch.Tensor | None,  # [L] bool: the rows the model reads; None: all
+        cache: Any,
     ) -> torch.Tensor:  # -> [V]
-        embeds, positions = encoded.embeds, encoded.positions
-        if mask is not None:
-            embeds, positions = embeds[mask], positions[:, mask]
+        positions = encoded.positions if mask is None else encoded.positions[:, mask]  # [3, L']
         out = self.model(
-            inputs_embeds=embeds[None],
+            **self._prefill_inputs(encoded, mask),
             position_ids=positions[:, None, :],
             **cache_arg(cache),
             use_cache=True,
             logits_to_keep=1,
         )
         return out.logits[0, -1]
+
+    def _prefill_inputs(self, encoded: Encoded, mask: torch.Tensor | None) -> dict[str, Any]:
+        """The model's inputs for the rows `mask` keeps: here the prompt's embeddings [1, L', D]."""
+        embeds = encoded.embeds if mask is None else encoded.embeds[mask]
+        return {"inputs_embeds": embeds[None]}
 
     @torch.inference_mode()
     def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> KVSession:

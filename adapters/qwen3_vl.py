@@ -18,11 +18,10 @@ import torch
 from transformers import Qwen3VLForConditionalGeneration
 from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
-from hippo import hookimpl
-from hippo.compat import cache_arg
+from hippo.adapters.hooks import adapter_hooks
+from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter
 from hippo.interfaces import Encoded
 from hippo.types import VideoClip
-from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter
 
 
 def _prune(out: Any, keep: torch.Tensor | None) -> BaseModelOutputWithDeepstackFeatures:
@@ -69,34 +68,18 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
     def _video_extras(self, clip: VideoClip) -> dict[str, Any]:
         return {}
 
-    def _prefill_logits(
-        self, encoded: Encoded, mask: torch.Tensor | None, cache: Any
-    ) -> torch.Tensor:  # -> [V]
-        ids, positions = encoded.input_ids, encoded.positions
-        if mask is not None:
-            ids, positions = ids[mask], positions[:, mask]
+    def _prefill_inputs(self, encoded: Encoded, mask: torch.Tensor | None) -> dict[str, Any]:
+        """The token ids of the rows `mask` keeps [1, L'] and the vision encoder's outputs for the kept
+        video tokens: the model embeds them itself (DeepStack also adds visual features inside the
+        language model)."""
+        ids = encoded.input_ids if mask is None else encoded.input_ids[mask]
         mm: dict[str, Any] = {}
         if "video" in encoded.extras:
             keep = None if mask is None else mask[encoded.visual.seq_index].nonzero().flatten()
             mm["video"] = _prune(encoded.extras["video"], keep)
         if "image" in encoded.extras:  # images are never pruned
             mm["image"] = encoded.extras["image"]
-        out = self.model(
-            input_ids=ids[None],
-            mm_encoder_outputs=mm or None,
-            position_ids=positions[:, None, :],
-            **cache_arg(cache),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return out.logits[0, -1]
+        return {"input_ids": ids[None], "mm_encoder_outputs": mm or None}
 
 
-@hookimpl
-def hippo_register_adapters():
-    return {Qwen3VLAdapter.name: Qwen3VLAdapter}
-
-
-@hookimpl
-def hippo_resolve_adapter(config):
-    return Qwen3VLAdapter if Qwen3VLAdapter.matches(config) else None
+hippo_register_adapters, hippo_resolve_adapter = adapter_hooks(Qwen3VLAdapter)

@@ -24,9 +24,6 @@ from typing import Any
 import torch
 
 from hippo import hookimpl
-from hippo.errors import ConfigError, InputError, ModelError
-from hippo.interfaces import Encoded
-from hippo.types import VideoClip, VisualTokens
 from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter, _batch1
 from hippo.adapters.video_salmonn2_plus_inputs import clip_inputs, fit_audio, token_types
 from hippo.adapters.video_salmonn2_plus_model import (
@@ -35,7 +32,9 @@ from hippo.adapters.video_salmonn2_plus_model import (
     audio_inputs,
 )
 from hippo.adapters.video_salmonn2_plus_positions import POSITION_MODES, mrope_positions
+from hippo.errors import ConfigError, InputError, ModelError
 from hippo.media.inputs import chat_text, expand_placeholder, sampled_fps, token_string, tokenize
+from hippo.types import VideoClip
 
 ARCHITECTURES = ("video_SALMONN2_plus", VideoSalmonn2PlusForConditionalGeneration.__name__)
 
@@ -142,50 +141,20 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
         if inputs.get("pixel_values") is not None:
             raise InputError("video-SALMONN 2+ takes videos (pixel_values_videos) and audio, not images")
 
-    @torch.inference_mode()
-    def encode(self, inputs: dict[str, Any]) -> Encoded:
-        self._check_inputs(inputs)
-        model, cfg, dev = self.model, self.model.config, self.device
-        ids = _batch1(inputs, "input_ids").to(dev)  # [L]
+    def _embed_prompt(
+        self, inputs: dict[str, Any], ids: torch.Tensor, extras: dict[str, Any]
+    ) -> torch.Tensor:  # ids [L] -> [L, D]
+        """The text and the audio tokens' embeddings (the audio tokens and their rows in extras)."""
+        dev = self.device
         feats = inputs.get("audio_feature")
         lengths = inputs.get("audio_lengths")
-        embeds, audio = model.embed_prompt(
+        embeds, audio = self.model.embed_prompt(
             ids[None], None if feats is None else feats.to(dev), None if lengths is None else lengths.to(dev)
         )
-        embeds = embeds[0]  # [L, D]
-        extras: dict[str, Any] = {}
-        video = torch.zeros(0, embeds.shape[-1], dtype=embeds.dtype, device=dev)
-        grids: tuple[tuple[int, int, int], ...] = ()
-        video_pos = (ids == cfg.video_token_id).nonzero().flatten()  # [N]
-        thw = inputs.get("video_grid_thw")
-        if inputs.get("pixel_values_videos") is not None:
-            if thw is None:
-                raise InputError(
-                    "inputs have pixel_values_videos but no video_grid_thw; pass the processor's output"
-                )
-            thw = thw.to(dev)
-            extras["video"] = model.model.get_video_features(inputs["pixel_values_videos"].to(dev), thw)
-            video = torch.cat(extras["video"].pooler_output).to(embeds.dtype)  # [N, D]
-            m = self.spatial_merge
-            grids = tuple((int(t), int(h) // m, int(w) // m) for t, h, w in thw.tolist())
-        if video.shape[0] != video_pos.shape[0]:
-            raise InputError(
-                f"the prompt has {video_pos.shape[0]} video tokens but the video encodes to {video.shape[0]}; "
-                "build input_ids and pixel values with the same processor call"
-            )
-        embeds = embeds.index_put((video_pos,), video)
         if audio is not None:
             extras["audio"] = audio  # [A, D]
-            extras["audio_index"] = (ids == cfg.audio_token_id).nonzero().flatten()  # [A]
-        positions, next_pos = self.prompt_positions(inputs)  # [3, L]
-        return Encoded(
-            input_ids=ids,
-            embeds=embeds,
-            positions=positions,
-            visual=VisualTokens(embeds=video, seq_index=video_pos, grids=grids),
-            next_position=next_pos,
-            extras=extras,
-        )
+            extras["audio_index"] = (ids == self.model.config.audio_token_id).nonzero().flatten()  # [A]
+        return embeds[0]
 
     def prompt_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, int]:  # -> [3, L], next
         """The prompt's M-RoPE positions in this adapter's layout (no encoding); generate(): last + 1."""

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from hippo.errors import InputError
 from hippo.adapters.video_salmonn2_plus_model import AUDIO_TYPE, SAMPLE_RATE, audio_inputs
 from hippo.adapters.video_salmonn2_plus_positions import clip_ids
+from hippo.errors import InputError
 
 
 def audio_tokens_per_second(audio_config: Any) -> float:

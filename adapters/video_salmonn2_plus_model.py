@@ -59,9 +59,9 @@ from transformers.models.blip_2.modeling_blip_2 import (
 )
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
+from hippo.adapters.video_salmonn2_plus_positions import POSITION_MODES, mrope_positions
 from hippo.compat import cache_arg
 from hippo.errors import InputError
-from hippo.adapters.video_salmonn2_plus_positions import POSITION_MODES, mrope_positions
 
 SAMPLE_RATE = 16000
 HOP_LENGTH = 160  # mel frames per second = 100; the encoder halves them (conv2 stride 2): 50 per second

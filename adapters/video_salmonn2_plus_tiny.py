@@ -12,6 +12,7 @@ import torch
 
 from hippo.adapters.qwen2_5_vl import frames_to_pixel_values
 from hippo.adapters.qwen2_5_vl_tiny import tiny_config as qwen_tiny_config
+from hippo.adapters.tiny import seeded_model
 from hippo.adapters.video_salmonn2_plus_inputs import clip_inputs, token_types
 from hippo.adapters.video_salmonn2_plus_model import (
     SAMPLE_RATE,
@@ -69,13 +70,7 @@ def tiny_config(role: str = "target", positions: str = "released") -> VideoSalmo
 def tiny_model(
     role: str = "target", *, seed: int = 0, dtype: torch.dtype = torch.float32, positions: str = "released"
 ) -> VideoSalmonn2PlusForConditionalGeneration:
-    torch.manual_seed(seed)
-    cfg = tiny_config(role, positions)
-    model = VideoSalmonn2PlusForConditionalGeneration(cfg).to(dtype).eval()
-    model.generation_config.bos_token_id = cfg.bos_token_id
-    model.generation_config.eos_token_id = cfg.eos_token_id
-    model.generation_config.pad_token_id = 0
-    return model
+    return seeded_model(VideoSalmonn2PlusForConditionalGeneration, tiny_config(role, positions), seed, dtype)
 
 
 def synthetic_audio(video: torch.Tensor, seconds: float) -> torch.Tensor:  # -> [S] float32 at 16 kHz

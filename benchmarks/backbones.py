@@ -12,12 +12,12 @@ renumbers).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 import torch
 
 import hippo
+from hippo.cli.video_commands import write_json
 from hippo.registry import lookup
 
 SIZES = {
@@ -91,8 +91,7 @@ def main(argv=None) -> list[dict]:
     for r in rows:
         print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_json(args.json, rows)
     return rows
 
 

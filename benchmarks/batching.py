@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from hippo.adapters.qwen2_5_vl import frames_to_pixel_values
-from hippo.benchmarks.narration import attention_targets
-from hippo.benchmarks.task import CLIP_SECONDS, Sample
 from hippo.benchmarks.tokenizer import caption_ids, prompt_ids, seconds_per_grid
+from hippo.cli.pair.narration import attention_targets
+from hippo.cli.pair.task import CLIP_SECONDS, Sample
 
 IGNORE = -100
 

@@ -177,7 +177,7 @@ def tiny_workload(n: int, seed: int) -> Workload:
 
 def position_bias_chart(w: Workload, keep: float, out: Path) -> dict:
     """Attention-only vs holistic top-k on the first video (paper Figs. 2, 8): JSON figures + PNG."""
-    from hippo.plugins.bias import plot_position_bias, position_bias
+    from hippo.cli.bias import plot_position_bias, position_bias
 
     pipe = hippo.PipelineBuilder().target(w.target).scheduler("autoregressive").build()
     try:
@@ -198,9 +198,10 @@ def narrate_workload(n: int, seed: int, frames: int, size: int) -> Workload:
     256-token regime); odd ones `narrate the <colour> object .`, naming one of the clip's objects,
     so what the answer needs from the video depends on the question.
     """
-    from .narration import NARRATE_BENCH, narration_config, narration_sample
-    from .pair import CHECKSUMS, NARRATE_DIR, load_pair
-    from .task import COLOURS
+    from hippo.cli.pair.checkpoint import CHECKSUMS, NARRATE_DIR, load_pair
+    from hippo.cli.pair.narration import NARRATE_BENCH, narration_config, narration_sample
+    from hippo.cli.pair.task import COLOURS
+
     from .tokenizer import processor_inputs
 
     if not (NARRATE_DIR / CHECKSUMS).is_file():
@@ -226,8 +227,10 @@ def narrate_workload(n: int, seed: int, frames: int, size: int) -> Workload:
 
 def trained_workload(n: int, seed: int, frames: int, size: int) -> Workload:
     """The committed captioning pair on held-out synthetic captioning videos (short answers)."""
-    from .pair import CHECKSUMS, PAIR_DIR, load_pair
-    from .task import TaskConfig, sample
+    from hippo.cli.pair.checkpoint import CHECKSUMS, load_pair
+    from hippo.cli.pair.task import TaskConfig, sample
+
+    from .pair import PAIR_DIR
     from .tokenizer import processor_inputs
 
     if not (PAIR_DIR / CHECKSUMS).is_file():
@@ -235,7 +238,7 @@ def trained_workload(n: int, seed: int, frames: int, size: int) -> Workload:
             f"the trained pair is not in {PAIR_DIR} yet; train it with `python -m hippo.benchmarks.train` "
             "or run `hippo bench --pair tiny` for a smoke test"
         )
-    target, draft, tok = load_pair()
+    target, draft, tok = load_pair(directory=PAIR_DIR)
     cfg = TaskConfig(frames=frames, size=size)
     held_out = 10**9 + seed
     inputs = [processor_inputs(tok, sample(held_out + i, cfg).video) for i in range(n)]
@@ -389,7 +392,7 @@ def run(
             results[m.name] = {"method": m.__dict__, "videos": per_video}
             if timeline is not None and m.scheduler == "hippo" and pipe is not None and not drawn:
                 drawn = True  # the first hippo row (the HIPPO headline row)
-                from .timeline import draw_timeline
+                from hippo.cli.timeline import draw_timeline
 
                 events = pipe.generate(w.inputs[0], timeline=True, **gen).stats
                 results[m.name]["timeline"] = str(
@@ -755,11 +758,11 @@ def main(
     if pair == "tiny":
         w = tiny_workload(videos, seed)
     elif pair == "caption":
-        from .task import BENCHMARK
+        from hippo.cli.pair.task import BENCHMARK
 
         w = trained_workload(videos, seed, frames or BENCHMARK.frames, size or BENCHMARK.size)
     else:
-        from .narration import NARRATE_BENCH
+        from hippo.cli.pair.narration import NARRATE_BENCH
 
         w = narrate_workload(videos, seed, frames or NARRATE_BENCH.frames, size or NARRATE_BENCH.size)
     if max_new_tokens is None:  # the paper's 256 on the narration pair; captions end far sooner

@@ -76,8 +76,8 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hippo.checkpoint import check_output
     from hippo.benchmarks.bench import main as bench
+    from hippo.checkpoint import check_output
 
     check_output(args.timeline, "--timeline")
     if args.out.endswith(".md"):

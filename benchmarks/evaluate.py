@@ -21,10 +21,10 @@ from dataclasses import dataclass, field  # noqa: E402
 import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
-from hippo.compat import cache_arg  # noqa: E402
 from hippo.benchmarks.batching import lm_inputs, make_batch, prompt_positions, select_kept  # noqa: E402
-from hippo.benchmarks.task import TaskConfig, content_score, sample, token_score  # noqa: E402
 from hippo.benchmarks.tokenizer import caption_ids, processor_inputs  # noqa: E402
+from hippo.cli.pair.task import TaskConfig, content_score, sample, token_score  # noqa: E402
+from hippo.compat import cache_arg  # noqa: E402
 
 HELD_OUT = 10**9  # held-out seeds start here; training seeds stay far below
 
@@ -150,7 +150,8 @@ def check_against_generate(model, tokenizer, cfg: TaskConfig, seeds: range) -> b
 def main(argv=None) -> None:
     import json
 
-    from hippo.benchmarks.pair import load_pair
+    from hippo.benchmarks.pair import PAIR_DIR
+    from hippo.cli.pair.checkpoint import load_pair
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", type=int, default=112)
@@ -164,7 +165,7 @@ def main(argv=None) -> None:
     )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    target, draft, tokenizer = load_pair(directory=args.pair, verify=args.pair is None)
+    target, draft, tokenizer = load_pair(directory=args.pair or PAIR_DIR, verify=args.pair is None)
     cfg = TaskConfig(size=args.size, frames=args.frames)
     report = {"visual_tokens": cfg.visual_tokens}
     for name, model in (("target", target), ("draft", draft)):

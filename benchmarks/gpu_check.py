@@ -132,13 +132,15 @@ def ensure_builtins() -> str:
 
 @dataclass(frozen=True)
 class Sizes:
-    hidden: int = 2048
-    layers: int = 10
-    heads: int = 16
-    kv_heads: int = 4
-    ffn: int = 5632
-    draft_layers: int = 1
-    frames: int = 8
+    """The random pair's sizes: the target's language model; the draft is its first layers."""
+
+    hidden: int = 2048  # residual width of both models
+    layers: int = 10  # the target's decoder layers
+    heads: int = 16  # query heads (head_dim = hidden / heads)
+    kv_heads: int = 4  # key/value heads (grouped-query attention)
+    ffn: int = 5632  # MLP width
+    draft_layers: int = 1  # the draft: the target's first layers, the same embeddings and head
+    frames: int = 8  # video frames of the synthetic clip
     pixels: int = 224  # frame side; a multiple of 28 (patch 14 x merge 2)
     new_tokens: int = 65  # 1 + 16 rounds of γ=4 fully accepted: few distinct verification widths
 
@@ -174,7 +176,7 @@ def build_models(sizes: Sizes, device: str, skip_scale: float, seed: int) -> tup
     """(target, draft) in float32 on `device`: the draft is the target's first `draft_layers` layers."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from hippo.benchmarks.models import set_generation_defaults
+    from hippo.cli.pair.tokens import set_generation_defaults
 
     torch.manual_seed(seed)
     with torch.device(device):  # initialised on the device: seconds, not a minute of CPU init
@@ -620,8 +622,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, rep: Report) -> int:
     plugins = ensure_builtins()
-    from hippo.registry import registry
     from hippo.benchmarks.models import n_params
+    from hippo.registry import registry
 
     rep.data["environment"] = environment(args.device, plugins)
     rep.data["arguments"] = {

@@ -7,7 +7,7 @@
 
 Both models are the stock `LlavaOnevisionForConditionalGeneration` (SigLIP vision tower, 2-layer
 projector, Qwen2 language model, 1-D positions), trained on the benchmark's captioning task
-(`task.py`) at 112 px x 8 frames: each frame goes through the vision tower and projector and is
+(`hippo.cli.pair.task`) at 112 px x 8 frames: each frame goes through the vision tower and projector and is
 pooled 2x2 to 4x4 tokens, plus one newline token per video, so a video is 8 x 16 + 1 = 129 tokens.
 A frame token sees one frame only: motion (and appearing/disappearing) can only be read by the
 language model comparing frames.
@@ -51,9 +51,9 @@ from transformers import (  # noqa: E402
 from hippo.adapters.llava_onevision import LlavaOnevisionAdapter  # noqa: E402
 from hippo.adapters.llava_onevision_tiny import tiny_config  # noqa: E402
 from hippo.benchmarks import task  # noqa: E402
-from hippo.benchmarks.pair import CHECKSUMS, ChecksumError, file_sha256  # noqa: E402
-from hippo.benchmarks.task import COLOURS, MOTIONS, QUESTION, SHAPES, TaskConfig, content_score, sample  # noqa: E402
 from hippo.benchmarks.tokenizer import SPECIALS, VOCAB_SIZE, messages, vocabulary  # noqa: E402
+from hippo.cli.pair.checkpoint import CHECKSUMS, ChecksumError, file_sha256  # noqa: E402
+from hippo.cli.pair.task import COLOURS, MOTIONS, QUESTION, SHAPES, TaskConfig, content_score, sample  # noqa: E402
 
 PAIR_DIR = Path(__file__).parent / "pair_llava"
 HELD_OUT = 10**9  # held-out seeds; training seeds stay far below

@@ -25,8 +25,8 @@ import torch  # noqa: E402
 import hippo  # noqa: E402
 from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter  # noqa: E402
 from hippo.benchmarks.models import n_params  # noqa: E402
-from hippo.benchmarks.task import BENCHMARK, TaskConfig, sample  # noqa: E402
 from hippo.benchmarks.tokenizer import processor_inputs  # noqa: E402
+from hippo.cli.pair.task import BENCHMARK, TaskConfig, sample  # noqa: E402
 
 HELD_OUT = 10**9
 
@@ -88,7 +88,8 @@ def serial_mat(
 
 
 def main(argv=None) -> None:
-    from hippo.benchmarks.pair import load_pair
+    from hippo.benchmarks.pair import PAIR_DIR
+    from hippo.cli.pair.checkpoint import load_pair
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", type=int, default=BENCHMARK.size)
@@ -99,8 +100,8 @@ def main(argv=None) -> None:
     p.add_argument("--skip-mat", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    wide, draft, tokenizer = load_pair()
-    small, _, _ = load_pair(wide=False, verify=False)
+    wide, draft, tokenizer = load_pair(directory=PAIR_DIR)
+    small, _, _ = load_pair(wide=False, directory=PAIR_DIR, verify=False)
     cfg = TaskConfig(size=args.size, frames=args.frames)
     inputs = processor_inputs(tokenizer, sample(HELD_OUT, cfg).video)
     report = {

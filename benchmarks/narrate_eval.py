@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from hippo.benchmarks.batching import lm_inputs, make_batch, select_kept  # noqa: E402
 from hippo.benchmarks.evaluate import HELD_OUT, greedy_ids  # noqa: E402
-from hippo.benchmarks.narration import (  # noqa: E402
+from hippo.cli.pair.narration import (  # noqa: E402
     FIELDS,
     KINDS,
     NARRATE_BENCH,
@@ -35,7 +35,7 @@ from hippo.benchmarks.narration import (  # noqa: E402
     narration_sample,
     step_token_score,
 )
-from hippo.benchmarks.task import COLOURS, SHAPES, TaskConfig  # noqa: E402
+from hippo.cli.pair.task import COLOURS, SHAPES, TaskConfig  # noqa: E402
 
 MAX_ANSWER = 400  # tokens: longer than any reference answer (16 steps x 3 objects x 7 + 48)
 
@@ -129,7 +129,7 @@ def evaluate(
 
 
 def main(argv=None) -> None:
-    from hippo.benchmarks.pair import NARRATE_DIR, load_pair
+    from hippo.cli.pair.checkpoint import NARRATE_DIR, load_pair
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(

@@ -1,11 +1,11 @@
 """Train the narration pair: the captioning pair (`benchmarks/pair/`) fine-tuned on dense narration.
 
-    python -m hippo.benchmarks.narrate_train                  # both models, writes benchmarks/pair_narrate/
+    python -m hippo.benchmarks.narrate_train                  # both models, writes cli/pair/narrate/
     python -m hippo.benchmarks.narrate_train --serial         # the same checkpoints, one model after the other
     python -m hippo.benchmarks.narrate_train --role draft --scale 0.1 --out /tmp/try   # a quick try
 
 Both models start from the committed captioning checkpoints, whose vision encoders already see
-colour, shape and motion, and learn to narrate (`narration.py`: every step of a 16-step clip, three
+colour, shape and motion, and learn to narrate (`hippo.cli.pair.narration`: every step of a 16-step clip, three
 kinds of question) on 4 fps clips of 112-224 px and 32 frames, with the captioning task's losses:
 cross-entropy on the answer plus the auxiliary per-visual-token loss. The vision encoder learns
 10x slower (its shape features are fragile). The draft sees pruned visual inputs (5-30% of the
@@ -26,10 +26,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from hippo.benchmarks import train
+from hippo.benchmarks.pair import PAIR_DIR
 from hippo.benchmarks.train import Phase, TrainConfig
+from hippo.cli.pair.checkpoint import NARRATE_DIR
 
-PAIR = Path(__file__).parent / "pair"
-OUT = Path(__file__).parent / "pair_narrate"
+PAIR = PAIR_DIR
+OUT = NARRATE_DIR  # the pair ships with `hippo demo`
 SIZES = [(112, 32, 16), (168, 32, 8), (112, 32, 16), (224, 32, 4)]
 
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hippo.cost import VerifyCurve
 from hippo.benchmarks.regime import PAPER
+from hippo.cost import VerifyCurve
 
 T_FORWARD = PAPER["target_decode_ar"] / PAPER["new_tokens"]
 COSTS = {

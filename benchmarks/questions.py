@@ -33,9 +33,10 @@ def narration_questions(
     n_videos: int, seed: int, frames: int, size: int
 ) -> tuple[Any, Any, list[list[dict]], str]:
     """(target, draft, per video the four questions' inputs, description) on the narration pair."""
-    from .narration import NARRATE_BENCH, narration_config, narration_sample
-    from .pair import NARRATE_DIR, load_pair
-    from .task import COLOURS, SHAPES
+    from hippo.cli.pair.checkpoint import NARRATE_DIR, load_pair
+    from hippo.cli.pair.narration import NARRATE_BENCH, narration_config, narration_sample
+    from hippo.cli.pair.task import COLOURS, SHAPES
+
     from .tokenizer import processor_inputs
 
     target, draft, tok = load_pair(directory=NARRATE_DIR)

@@ -18,19 +18,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from hippo.adapters.qwen2_5_vl import frames_to_pixel_values
-from hippo.benchmarks.narration import NARRATION_WORDS
-from hippo.benchmarks.task import CAPTION_WORDS, CLIP_SECONDS, QUESTION
+from hippo.cli.pair.narration import NARRATION_WORDS
+from hippo.cli.pair.task import CAPTION_WORDS, CLIP_SECONDS, QUESTION
+from hippo.cli.pair.tokens import SPECIALS
 
-SPECIALS = (
-    "<|endoftext|>",  # bos and pad, as in Qwen
-    "<|im_start|>",
-    "<|im_end|>",  # eos
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|video_pad|>",
-    "<|image_pad|>",
-    "<unk>",
-)
 CHAT_WORDS = ("system", "user", "assistant", "describe", "the", "video", "what", "happens", "?")
 VOCAB_SIZE = 64  # embedding rows (the vocabulary proper is smaller; the rest are never produced)
 

@@ -48,14 +48,15 @@ from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: E402
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb  # noqa: E402
 
 from hippo.benchmarks.batching import IGNORE, lm_inputs, make_batch, select_kept
-from hippo.benchmarks.models import n_params, new_model, set_generation_defaults
-from hippo.benchmarks.narration import draw_batch_question, narration_config, narration_sample
-from hippo.benchmarks.task import CLOCK_STEPS, COLOURS, MOTIONS, SHAPES, TaskConfig, sample
+from hippo.benchmarks.models import n_params, new_model
 from hippo.benchmarks.tokenizer import build_tokenizer
+from hippo.cli.pair.narration import draw_batch_question, narration_config, narration_sample
+from hippo.cli.pair.task import CLOCK_STEPS, COLOURS, MOTIONS, SHAPES, TaskConfig, sample
+from hippo.cli.pair.tokens import set_generation_defaults
 from hippo.plugins.auto_executor import usable_cores
 
 AUX_CLASSES = {"colour": len(COLOURS) + 1, "shape": len(SHAPES) + 1, "motion": len(MOTIONS) + 1}
-#: the narration clips' visible cues (task.py `cues`): every token's time step and 3 x 3 cell, 1-based
+#: the narration clips' visible cues (`hippo.cli.pair.task.cues`): every token's time step and 3 x 3 cell, 1-based
 CUE_CLASSES = {"step": CLOCK_STEPS + 1, "cell": 10}
 TAPS = ("vision", "middle", "last")
 TRAIN_SEED_STRIDE = (
@@ -76,7 +77,7 @@ class Phase:
     vision_lr_scale: float = 1.0  # the vision encoder (not its merger) learns this much slower
     one_object_frac: float = 0.0  # curriculum: the phase's first steps show one object only
     prune_frac: float = 0.0  # fraction of steps (after the curriculum) with pruned visual inputs
-    task: str = "caption"  # "caption" (task.py) or "narrate" (narration.py: one question per batch)
+    task: str = "caption"  # "caption" (hippo.cli.pair.task) or "narrate" (hippo.cli.pair.narration: one question per batch)
     teacher: str | None = None  # distil: answers are this checkpoint's greedy outputs, not the references
     attend_weight: float = 0.0  # narration: weight of `attention_loss` (0: off)
     cue_design: str = "angle"  # narration: how the clips draw their cues (`task.TaskConfig.cue_design`)

@@ -36,9 +36,9 @@ import attrs
 from hippo.batch import Record, check_batching, check_id
 from hippo.builder import PipelineBuilder
 from hippo.checkpoint import check_output
+from hippo.cli.video_commands import generation_kwargs, pipeline_config, prepare, quiet_transformers, say
 from hippo.errors import ConfigError, HippoError, one_line
 from hippo.registry import lookup
-from hippo.cli.video_commands import generation_kwargs, pipeline_config, prepare, quiet_transformers, say
 
 EXIT_FAILED = 1
 

@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from hippo.builder import PipelineBuilder
-from hippo.errors import ConfigError, HippoError, InputError, one_line
-from hippo.registry import lookup
 from hippo.cli.video_commands import (
     StageBars,
     check_output,
@@ -30,6 +28,8 @@ from hippo.cli.video_commands import (
     text_streamer,
     write_json,
 )
+from hippo.errors import ConfigError, HippoError, InputError, one_line
+from hippo.registry import lookup
 
 HELP = "type a question; /stats, /reset (forget earlier turns; the video stays prepared), /quit"
 

@@ -7,7 +7,7 @@ prompt, the adapter builds the pixels. The answer streams as text. Then the targ
 `generate`) answers the same inputs, and one comparison is printed: identical or not, tokens per
 second of each, MAT, and the speedup. Both runs are preceded by a short warm-up generation.
 
-The pair (`hippo.benchmarks/pair_narrate`) ships inside the package, so the demo needs neither a
+The pair (`hippo.cli/pair/narrate`, loaded by `hippo.cli.pair.checkpoint`) ships inside the package, so the demo needs neither a
 checkout nor a download; its target is widened function-preservingly at load time (32.1M parameters).
 `--adapter NAME` runs the random tiny pair of any backbone instead (`hippo.cli.demo_tiny`).
 """
@@ -37,7 +37,7 @@ HELD_OUT = 10**9  # clip seeds the pair never saw in training
 
 
 def _load_pair(log) -> tuple[Any, Any, Path]:
-    from hippo.benchmarks.pair import CHECKSUMS, NARRATE_DIR, ChecksumError, load_pair
+    from hippo.cli.pair.checkpoint import CHECKSUMS, NARRATE_DIR, ChecksumError, load_pair
 
     if not (NARRATE_DIR / CHECKSUMS).is_file():
         raise ModelError(
@@ -58,7 +58,7 @@ def _load_pair(log) -> tuple[Any, Any, Path]:
 
 def render_clip(seed: int, directory: Path) -> tuple[Path, Any]:
     """A held-out narration clip written to `directory/clip.mkv`; returns (path, the task's sample)."""
-    from hippo.benchmarks.narration import NARRATE_BENCH, narration_sample
+    from hippo.cli.pair.narration import NARRATE_BENCH, narration_sample
     from hippo.media.video import write_video
 
     clip = narration_sample(HELD_OUT + seed, NARRATE_BENCH, ask=("all", None))
@@ -95,7 +95,7 @@ def run_demo(
 
     `streamer_factory(tokenizer)` makes the streamer of hippo's answer (None: not streamed);
     `workdir` receives clip.mkv (default: a new temporary directory, kept so the clip can be reused);
-    `timeline`: draw hippo's run there as a Gantt chart (`hippo.benchmarks.timeline`).
+    `timeline`: draw hippo's run there as a Gantt chart (`hippo.cli.timeline`).
     """
     from hippo.media.inputs import build_video_inputs, decode_video, load_tokenizer
 
@@ -145,7 +145,7 @@ def run_demo(
     pipe.close()
     ours, theirs = out.sequences[0, L:].tolist(), ref[0, L:].tolist()
     if timeline is not None:
-        from hippo.benchmarks.timeline import draw_timeline
+        from hippo.cli.timeline import draw_timeline
 
         title = f"hippo demo: {scheduler}, γ={gamma}, {len(ours)} tokens in {hippo_s:.2f} s"
         timeline = str(draw_timeline(out.stats, timeline, title=title))

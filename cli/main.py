@@ -8,11 +8,12 @@ Every HippoError that reaches `main`, and every usage error, becomes one line, `
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -59,6 +60,21 @@ def _int_or_auto(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """The command `module.name(args) -> int`, imported when it runs (so `hippo --help` stays fast)."""
+
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), name)(args)
+
+    return run
+
+
+def _no_progress(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (they only show on a terminal)"
+    )
+
+
 def _given(value: Any, default: Any) -> Any:
     return default if value is None else value
 
@@ -69,7 +85,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.frames is not None or args.size is not None:
         raise HippoError("--frames and --size apply to the random tiny pairs (--adapter NAME) only")
     from hippo.cli.demo import DEFAULT_GAMMA, DEFAULT_KEEP_RATIO, MAX_NEW_TOKENS, format_comparison, run_demo
-    from hippo.cli.video_commands import check_output, quiet_transformers, text_streamer, write_json
+    from hippo.cli.video_commands import check_output, quiet_transformers, text_streamer
 
     check_output(None if args.json == "-" else args.json, "--json")
     check_output(args.timeline, "--timeline")
@@ -86,12 +102,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             compile_target=args.compile,
             log=log,
         )
-    if args.json == "-":
-        print(json.dumps(result, indent=2))
-    else:
-        print(format_comparison(result))
-        if args.json:
-            write_json(args.json, result)
+    _print_result(args.json, result, format_comparison)
     return 0 if result["identical"] else EXIT_MISMATCH
 
 
@@ -103,7 +114,6 @@ def _tiny_gamma(gamma: int | str | None) -> int:
 
 def _cmd_demo_tiny(args: argparse.Namespace) -> int:
     from hippo.cli.demo_tiny import format_result, run_demo
-    from hippo.cli.video_commands import write_json
 
     if args.timeline:
         raise HippoError("--timeline draws the trained pair's run; leave out --adapter to use it")
@@ -119,13 +129,20 @@ def _cmd_demo_tiny(args: argparse.Namespace) -> int:
         seed=args.seed,
         adapter=args.adapter,
     )
-    if args.json == "-":
-        print(json.dumps(result, indent=2))
-    else:
-        print(format_result(result))
-        if args.json:
-            write_json(args.json, result)
+    _print_result(args.json, result, format_result)
     return 0 if result["all_identical"] else EXIT_MISMATCH
+
+
+def _print_result(json_path: str | None, result: dict, text: Any) -> None:
+    """A demo's result: JSON on stdout for `--json -`, else the text report (and JSON to a file)."""
+    from hippo.cli.video_commands import write_json
+
+    if json_path == "-":
+        print(json.dumps(result, indent=2))
+        return
+    print(text(result))
+    if json_path:
+        write_json(json_path, result)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -192,18 +209,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(EXIT_ERROR, f"hippo: error: {message}; see '{self.prog} --help'\n")
-
-
-def _cmd_generate(args: argparse.Namespace) -> int:
-    from hippo.cli.video_commands import cmd_generate
-
-    return cmd_generate(args)
-
-
-def _cmd_bias(args: argparse.Namespace) -> int:
-    from hippo.cli.video_commands import cmd_bias
-
-    return cmd_bias(args)
 
 
 def _video_args(p: argparse.ArgumentParser, prompt: bool = True, video: bool = True) -> None:
@@ -473,10 +478,8 @@ def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         metavar="FILE.png",
         help="draw a Gantt chart of the run (target and draft lanes: prefill, drafting, verification, idle)",
     )
-    o.add_argument(
-        "--no-progress", action="store_true", help="no progress bars (they only show on a terminal)"
-    )
-    g.set_defaults(func=_cmd_generate)
+    _no_progress(o)
+    g.set_defaults(func=_lazy("hippo.cli.video_commands", "cmd_generate"))
 
 
 def _chat_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
@@ -501,16 +504,8 @@ def _chat_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         help="answer each line of FILE independently (no history between them), then exit",
     )
     o.add_argument("--json", metavar="FILE", help="write every answer's text, token ids and stats as JSON")
-    o.add_argument(
-        "--no-progress", action="store_true", help="no progress bars (they only show on a terminal)"
-    )
-    c.set_defaults(func=_cmd_chat)
-
-
-def _cmd_chat(args: argparse.Namespace) -> int:
-    from hippo.cli.chat import cmd_chat
-
-    return cmd_chat(args)
+    _no_progress(o)
+    c.set_defaults(func=_lazy("hippo.cli.chat", "cmd_chat"))
 
 
 def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
@@ -585,13 +580,7 @@ def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         metavar="N",
         help="actors, one pipeline each (default: as many as the cluster's CPUs or GPUs hold)",
     )
-    b.set_defaults(func=_cmd_batch)
-
-
-def _cmd_batch(args: argparse.Namespace) -> int:
-    from hippo.cli.batch import cmd_batch
-
-    return cmd_batch(args)
+    b.set_defaults(func=_lazy("hippo.cli.batch", "cmd_batch"))
 
 
 def _bias_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
@@ -625,10 +614,8 @@ def _bias_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     )
     a.add_argument("--png", metavar="FILE", help="write the per-frame bar chart (PNG)")
     a.add_argument("--json", metavar="FILE", help="write the full result as JSON")
-    a.add_argument(
-        "--no-progress", action="store_true", help="no progress bars (they only show on a terminal)"
-    )
-    b.set_defaults(func=_cmd_bias)
+    _no_progress(a)
+    b.set_defaults(func=_lazy("hippo.cli.video_commands", "cmd_bias"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

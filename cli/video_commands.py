@@ -23,7 +23,6 @@ import torch
 from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
 from hippo.checkpoint import check_output, check_same_backbone
 from hippo.errors import ConfigError, HippoError
-from hippo.registry import lookup
 from hippo.media.inputs import (
     build_video_inputs,
     check_checkpoint,
@@ -38,6 +37,7 @@ from hippo.media.inputs import (
     needs_audio,
     read_audio_track,
 )
+from hippo.registry import lookup
 
 EXIT_MISMATCH = 1
 
@@ -125,7 +125,7 @@ def check_video_options(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-pixels must be >= 1, got {args.max_pixels}")
 
 
-def write_json(path: str, data: dict[str, Any], flag: str = "--json") -> None:
+def write_json(path: str, data: Any, flag: str = "--json") -> None:
     try:
         with open(path, "w") as f:
             json.dump(data, f, indent=2)
@@ -316,7 +316,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             for line in plan_lines(s.plan):
                 say(line)
         if args.timeline:
-            from hippo.benchmarks.timeline import draw_timeline
+            from hippo.cli.timeline import draw_timeline
 
             say(f"timeline: {draw_timeline(s, args.timeline)}")
         result: dict[str, Any] = {
@@ -397,7 +397,7 @@ def _video_info(path: str, clip: Any) -> dict[str, Any]:
 
 
 def cmd_bias(args: argparse.Namespace) -> int:
-    from hippo.plugins.bias import plot_position_bias, position_bias
+    from hippo.cli.bias import plot_position_bias, position_bias
 
     lookup("selectors", "topk").from_options(keep_ratio=args.keep_ratio)  # fails fast on a bad ratio
     if not 0.0 <= args.boundary <= 0.5:

@@ -28,9 +28,9 @@ import torch
 from hippo.builder import check_device  # noqa: F401 - re-exported for the CLI
 from hippo.checkpoint import check_backbone_fits, check_checkpoint  # noqa: F401 - re-exported
 from hippo.errors import ConfigError, HippoError, InputError, ModelError, VideoError
+from hippo.media.video import open_sampled
 from hippo.sampling import check_vocab
 from hippo.types import VideoClip
-from hippo.media.video import open_sampled
 
 #: progress(stage, event): event is "start", "end", or "update" (with done/total for video decode).
 Progress = Callable[..., None]

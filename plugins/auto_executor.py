@@ -39,7 +39,6 @@ from hippo.errors import ConfigError
 from hippo.executor import DraftWorker, Executor
 from hippo.job import DecodeJob
 from hippo.registry import lookup
-from hippo.plugins.thread_worker import model_device
 
 CHOICES = ("inline", "process")  # the executors `auto` may pick
 PROCESS_CORES = 4  # the fewest CPU cores on which greedy decoding puts the draft in its own process
@@ -59,7 +58,7 @@ def choose(job: DecodeJob, cores: int) -> tuple[str, dict[str, Any]]:
     target, draft = p.target_adapter.model, p.draft_adapter.model
     if draft is target or cores < PROCESS_CORES or job.policy.do_sample:
         return "inline", {"overlap": "off"}
-    if "cuda" in (model_device(target).type, model_device(draft).type):
+    if "cuda" in (p.target_adapter.device.type, p.draft_adapter.device.type):
         return "inline", {"overlap": "auto"}
     return "process", {"threads": cores // 2, "prefill_threads": cores}
 

@@ -47,10 +47,9 @@ from hippo.cost import (
 from hippo.errors import ConfigError
 from hippo.interfaces import Scheduler
 from hippo.job import DecodeJob
-from hippo.registry import lookup
 from hippo.plugins.auto_executor import choose as choose_executor
 from hippo.plugins.auto_executor import usable_cores
-from hippo.plugins.thread_worker import model_device
+from hippo.registry import lookup
 
 #: the drafting schedules `auto` may run, in order of preference on equal predictions
 DRAFTING = ("serial", "hippo", "pearl")
@@ -89,6 +88,10 @@ def model_digest(model: torch.nn.Module) -> str:
             h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:{total!r}".encode())
             h.update(sample.view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def fingerprint(target: torch.nn.Module, draft: torch.nn.Module) -> dict[str, Any]:

@@ -20,7 +20,6 @@ import torch
 from hippo import hookimpl
 from hippo.config import budget, keep_ratio, positive_int
 from hippo.interfaces import Selector
-from hippo.types import VisualTokens
 from hippo.plugins.visual_grid import (
     apportion,
     compute_dtype,
@@ -30,6 +29,7 @@ from hippo.plugins.visual_grid import (
     top_indices,
     videos,
 )
+from hippo.types import VisualTokens
 
 EPS = 1e-12
 

@@ -8,7 +8,6 @@ import torch
 from hippo import hookimpl
 from hippo.config import budget, keep_ratio
 from hippo.interfaces import Selector
-from hippo.types import VisualTokens
 from hippo.plugins.visual_grid import (
     apportion,
     check_scores,
@@ -17,6 +16,7 @@ from hippo.plugins.visual_grid import (
     number_in,
     top_indices,
 )
+from hippo.types import VisualTokens
 
 
 class TopKSelector(Selector):

@@ -18,7 +18,6 @@ from hippo import hookimpl
 from hippo.config import positive_int
 from hippo.errors import ConfigError
 from hippo.interfaces import Adapter, Encoded, Scorer, ScoringContext
-from hippo.types import VisualTokens
 from hippo.plugins.attention import QUERY_MODES, SOFTMAX_MODES, AttentionScorer
 from hippo.plugins.visual_grid import (
     Video,
@@ -30,6 +29,7 @@ from hippo.plugins.visual_grid import (
     positive_number,
     videos,
 )
+from hippo.types import VisualTokens
 
 EPS = 1e-12  # norm floor: a zero embedding has cosine 0 with everything
 
@@ -39,21 +39,27 @@ def _frames(visual: VisualTokens, video: Video, f0: int, f1: int) -> torch.Tenso
     return x.to(compute_dtype(x.dtype)).reshape(f1 - f0, video.frame_size, -1)
 
 
-def memoized(scorer: Scorer, visual: VisualTokens, context: ScoringContext | None, fn: Any) -> torch.Tensor:
-    """`fn(visual)`, kept in the context's per-video memo (a video context computes it once)."""
-    memo = None if context is None else context.memo
-    if memo is None:
-        return fn(visual)
-    key = (type(scorer).__qualname__, scorer.config, id(visual))
-    if key not in memo:
-        memo[key] = fn(visual)
-    return memo[key]
+class _MemoizedScorer(Scorer):
+    """A scorer whose score depends on the visual tokens only (`_score`): kept in the context's
+    per-video memo, so a video context computes it once."""
+
+    def score(self, visual: VisualTokens, context: ScoringContext | None = None) -> torch.Tensor:  # -> [N]
+        memo = None if context is None else context.memo
+        if memo is None:
+            return self._score(visual)
+        key = (type(self).__qualname__, self.config, id(visual))
+        if key not in memo:
+            memo[key] = self._score(visual)
+        return memo[key]
+
+    def _score(self, visual: VisualTokens) -> torch.Tensor:  # -> [N]
+        raise NotImplementedError
 
 
 # ---- temporal (eqs. 3-4) --------------------------------------------------------------------
 
 
-class TemporalScorer(Scorer):
+class TemporalScorer(_MemoizedScorer):
     """s_temp = 1 - mean cosine with the same (row, col) token in the adjacent frames of the same video.
 
     First and last frames have one neighbour. A single-frame video has no temporal evidence: its
@@ -64,9 +70,6 @@ class TemporalScorer(Scorer):
     class Config:
         #: frames are streamed in chunks of about this many tokens (bounds the extra memory)
         chunk_tokens: int = attrs.field(default=32768, validator=positive_int)
-
-    def score(self, visual: VisualTokens, context: ScoringContext | None = None) -> torch.Tensor:  # -> [N]
-        return memoized(self, visual, context, self._score)
 
     @torch.inference_mode()
     def _score(self, visual: VisualTokens) -> torch.Tensor:  # -> [N]
@@ -131,7 +134,7 @@ def _tile_slots(rows: int, w: int, M: int, dev: torch.device) -> tuple[torch.Ten
     return idx, wt
 
 
-class SpatialScorer(Scorer):
+class SpatialScorer(_MemoizedScorer):
     """s_spa = variance of a token's cosine-similarity row inside its M×M crop (self included, eq. 6).
 
     crop_mode "tile" (default, the paper's crops c): each frame is partitioned into M×M crops from the
@@ -150,9 +153,6 @@ class SpatialScorer(Scorer):
         crop: int = attrs.field(default=5, validator=positive_int)
         crop_mode: str = attrs.field(default="tile", validator=one_of(*CROP_MODES))
         chunk_tokens: int = attrs.field(default=16384, validator=positive_int)
-
-    def score(self, visual: VisualTokens, context: ScoringContext | None = None) -> torch.Tensor:  # -> [N]
-        return memoized(self, visual, context, self._score)
 
     @torch.inference_mode()
     def _score(self, visual: VisualTokens) -> torch.Tensor:  # -> [N]

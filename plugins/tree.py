@@ -40,8 +40,8 @@ from hippo.accept import DraftProposal
 from hippo.config import positive_int
 from hippo.errors import ConfigError
 from hippo.interfaces import Drafter, ModelSession
-from hippo.sampling import TokenPolicy
 from hippo.plugins.schedulers import SerialScheduler
+from hippo.sampling import TokenPolicy
 
 # ---- the drafter ------------------------------------------------------------------------------
 

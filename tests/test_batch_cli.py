@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import hippo
-from hippo.registry import lookup
 from hippo.adapters.qwen2_5_vl_tiny import tiny_config
 from hippo.cli.main import main
 from hippo.media.inputs import load_tokenizer, load_video_inputs
+from hippo.registry import lookup
 
 pytest.importorskip("av")
 from tiny_checkpoint import save_checkpoint, tiny_tokenizer, write_video  # noqa: E402

@@ -120,7 +120,8 @@ def test_model_that_is_not_a_model(pair) -> None:
 def test_draft_vocabulary_mismatch(pair) -> None:
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from hippo.adapters.qwen2_5_vl_tiny import VOCAB, tiny_config
+    from hippo.adapters.qwen2_5_vl_tiny import tiny_config
+    from hippo.adapters.tiny import VOCAB
 
     cfg = tiny_config("draft")
     cfg.text_config.vocab_size = VOCAB + 10

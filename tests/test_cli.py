@@ -18,11 +18,11 @@ import pytest
 import torch
 
 import hippo
-import hippo.registry
 import hippo.cli.demo
 import hippo.cli.demo_tiny
-from hippo.errors import PluginError
+import hippo.registry
 from hippo.cli.main import main
+from hippo.errors import PluginError
 
 SMALL = [
     "--adapter",

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 import hippo
-from hippo.errors import ConfigError, InputError, ModelError, VideoError
-from hippo.registry import lookup
 from hippo.cli.main import main
+from hippo.errors import ConfigError, InputError, ModelError, VideoError
 from hippo.media.inputs import check_tokenizers, decode_video, load_tokenizer, load_video_inputs
+from hippo.registry import lookup
 
 pytest.importorskip("av")
 from tiny_checkpoint import save_checkpoint, tiny_tokenizer, write_video  # noqa: E402

@@ -12,7 +12,6 @@ import torch
 
 import hippo
 from hippo.errors import ConfigError, InputError, ModelError, UnsupportedError, VideoError
-from hippo.registry import lookup
 from hippo.media.inputs import (
     SampledVideo,
     build_video_inputs,
@@ -22,6 +21,7 @@ from hippo.media.inputs import (
     load_video_inputs,
     smart_resize,
 )
+from hippo.registry import lookup
 
 pytest.importorskip("av")
 from tiny_checkpoint import save_checkpoint, tiny_tokenizer, write_video  # noqa: E402

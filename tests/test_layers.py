@@ -1,8 +1,10 @@
 """The packages import only downward: the core knows nothing of plugins, adapters or front ends.
 
 hippo (core) <- hippo.media (video files -> inputs) <- hippo.plugins, hippo.adapters <-
-hippo.testing (the harness: it checks, and plants bugs in, the built-in parts), hippo.benchmarks,
-hippo.cli (front ends). Checked on the source with `ast`, lazy imports included.
+hippo.testing (the harness: it checks, and plants bugs in, the built-in parts) <- hippo.cli (front
+ends, with the demo's pair and the timeline chart) <- hippo.benchmarks (the research: training,
+evaluation, `hippo bench`). The product never imports the benchmarks. Checked on the source with
+`ast`, lazy imports included.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ PACKAGES = {  # import name -> (directory, import names it may use besides itsel
     "hippo.media": ("media", {"hippo"}),
     "hippo.plugins": ("plugins", {"hippo", "hippo.media"}),
     "hippo.adapters": ("adapters", {"hippo", "hippo.media"}),
-    "hippo.benchmarks": ("benchmarks", {"hippo", "hippo.media", "hippo.plugins", "hippo.adapters"}),
-    "hippo.cli": (
-        "cli",
-        {"hippo", "hippo.testing", "hippo.media", "hippo.plugins", "hippo.adapters", "hippo.benchmarks"},
+    "hippo.cli": ("cli", {"hippo", "hippo.testing", "hippo.media", "hippo.plugins", "hippo.adapters"}),
+    "hippo.benchmarks": (
+        "benchmarks",
+        {"hippo", "hippo.media", "hippo.plugins", "hippo.adapters", "hippo.cli"},
     ),
 }
 
@@ -69,6 +71,13 @@ def test_no_sys_path_edits_in_packages():
             assert "sys.path.insert" not in f.read_text(), f"{f} edits sys.path"
 
 
+def test_the_product_never_imports_the_benchmarks():
+    """The demo's pair and the timeline chart ship with the front ends (hippo.cli.pair,
+    hippo.cli.timeline): no package but the benchmarks themselves may import hippo.benchmarks."""
+    allowed = {name for name, (_, uses) in PACKAGES.items() if "hippo.benchmarks" in uses}
+    assert not allowed, f"{sorted(allowed)} may import hippo.benchmarks"
+
+
 # ---- inside the core: the module order stated in the README's layout section ----------------------
 
 ORDER_MARK = "inside hippo/:"
@@ -101,7 +110,9 @@ def test_the_core_imports_follow_the_readme_order():
     groups = core_order()
     rank = {m: i for i, g in enumerate(groups) for m in g}
     modules = {f.stem for f in (ROOT / "hippo").glob("*.py")}
-    assert modules == set(rank), f"the README's order misses {modules - set(rank)} or names {set(rank) - modules}"
+    assert modules == set(rank), (
+        f"the README's order misses {modules - set(rank)} or names {set(rank) - modules}"
+    )
     wrong = []
     for name in sorted(modules):
         for dep in sorted(_core_imports(ROOT / "hippo" / f"{name}.py") & modules - {name}):

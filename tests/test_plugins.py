@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import hippo
+from hippo.cli.main import main
 from hippo.errors import PluginError
 from hippo.interfaces import Scheduler, Selector
 from hippo.registry import (
@@ -29,7 +30,6 @@ from hippo.registry import (
     plugin_manager,
     registry,
 )
-from hippo.cli.main import main
 
 FIXTURE = Path(__file__).parent / "fixtures" / "thirdparty"
 DIST = "hippo-thirdparty-example"

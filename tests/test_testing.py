@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import hippo
+from hippo.cli.main import main
 from hippo.errors import ConfigError, PluginError
 from hippo.testing import (
     Case,
@@ -32,7 +33,6 @@ from hippo.testing import (
 )
 from hippo.testing._deps import MissingTestingDependency, require_hypothesis
 from hippo.testing.planted import PLANTED, planted_build, planted_plugin
-from hippo.cli.main import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES / "lossy"))

@@ -14,17 +14,17 @@ import torch
 
 import hippo
 import hippo.events
-from hippo.events import Event, label
 from hippo.adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
+from hippo.events import Event, label
 
 ROOT = Path(__file__).resolve().parents[1]
 _MODELS: dict = {}
 
 
 def timeline_module():
-    import hippo.benchmarks.timeline
+    import hippo.cli.timeline
 
-    return hippo.benchmarks.timeline
+    return hippo.cli.timeline
 
 
 def models():

@@ -29,10 +29,10 @@ import torch
 import hippo
 from hippo.accept import DraftProposal, Verdict, residual
 from hippo.interfaces import ModelSession
-from hippo.sampling import TokenPolicy
-from hippo.testing.drafters import registered
 from hippo.plugins.drafters import ChainDrafter
 from hippo.plugins.verifiers import TreeVerifier
+from hippo.sampling import TokenPolicy
+from hippo.testing.drafters import registered
 
 PLUGIN_NAME = "hippo-testing-planted-bugs"
 

@@ -9,10 +9,10 @@ import torch
 from transformers import AutoConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 import hippo
-from hippo.errors import PluginError
-from hippo.registry import build_plugin_manager, resolve_adapter
 from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter
 from hippo.adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_config
+from hippo.errors import PluginError
+from hippo.registry import build_plugin_manager, resolve_adapter
 
 
 class FakeVLMConfig(Qwen2_5_VLConfig):

@@ -12,9 +12,9 @@ import torch
 from transformers import WhisperFeatureExtractor
 
 import hippo
-from hippo.errors import InputError, ModelError, VideoError
 from hippo.adapters.video_salmonn2_plus import VideoSalmonn2PlusAdapter
 from hippo.adapters.video_salmonn2_plus_tiny import AUDIO, synthetic_inputs, tiny_model
+from hippo.errors import InputError, ModelError, VideoError
 from hippo.media.inputs import decode_video, load_video_inputs, read_audio_track
 
 pytest.importorskip("av")

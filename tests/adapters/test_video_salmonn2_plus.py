@@ -16,9 +16,6 @@ from transformers.models.blip_2.modeling_blip_2 import Blip2QFormerModel
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 import hippo
-from hippo.compat import CACHE_ARG
-from hippo.errors import ConfigError, InputError
-from hippo.registry import resolve_adapter
 from hippo.adapters.qwen2_5_vl_tiny import tiny_config as qwen_tiny_config
 from hippo.adapters.video_salmonn2_plus import VideoSalmonn2PlusAdapter
 from hippo.adapters.video_salmonn2_plus_model import (
@@ -31,7 +28,10 @@ from hippo.adapters.video_salmonn2_plus_model import (
 )
 from hippo.adapters.video_salmonn2_plus_positions import audio_split, clip_ids, mrope_positions
 from hippo.adapters.video_salmonn2_plus_tiny import AUDIO, synthetic_inputs, tiny_config, tiny_model
+from hippo.compat import CACHE_ARG
+from hippo.errors import ConfigError, InputError
 from hippo.media.video import read_audio
+from hippo.registry import resolve_adapter
 
 F64 = torch.float64
 _MODELS: dict = {}

@@ -20,7 +20,7 @@ from hippo.benchmarks.llava_pair import (
     processor_inputs,
     reference,
 )
-from hippo.benchmarks.task import sample
+from hippo.cli.pair.task import sample
 
 SEEDS = range(HELD_OUT, HELD_OUT + 8)
 

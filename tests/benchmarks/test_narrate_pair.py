@@ -1,6 +1,6 @@
 """The committed narration pair: it reads the video, its widened target, and a lossless hippo run on it.
 
-Nothing is trained here; everything runs on the checkpoints in benchmarks/pair_narrate/.
+Nothing is trained here; everything runs on the checkpoints in cli/pair/narrate/.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from hippo.benchmarks import bench
 from hippo.benchmarks.batching import make_batch
 from hippo.benchmarks.evaluate import HELD_OUT, greedy_ids
-from hippo.benchmarks.narration import NARRATE_BENCH, narration_sample, step_token_score
-from hippo.benchmarks.pair import NARRATE_DIR, load_pair
+from hippo.cli.pair.checkpoint import NARRATE_DIR, load_pair
+from hippo.cli.pair.narration import NARRATE_BENCH, narration_sample, step_token_score
 
 SEEDS = range(HELD_OUT, HELD_OUT + 4)
 

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from hippo.benchmarks.narration import (
+from hippo.benchmarks.tokenizer import build_tokenizer, processor_inputs
+from hippo.cli.pair.narration import (
     FIELDS,
     NARRATE_BENCH,
     answer_lengths,
@@ -18,8 +19,7 @@ from hippo.benchmarks.narration import (
     split_steps,
     step_token_score,
 )
-from hippo.benchmarks.task import TEMPORAL
-from hippo.benchmarks.tokenizer import build_tokenizer, processor_inputs
+from hippo.cli.pair.task import TEMPORAL
 
 SEEDS = range(10**9, 10**9 + 12)
 
@@ -94,7 +94,7 @@ def test_step_token_score_aligns_per_step():
 def test_cues_are_read_exactly_from_every_background_patch():
     """The step, row and column codes come out of a linear read-out of any 14 px patch, whatever
     the background's noise: the property that lets a small vision encoder tell time and place."""
-    from hippo.benchmarks.task import CUE_AXES, _angle_cues, _background
+    from hippo.cli.pair.task import CUE_AXES, _angle_cues, _background
 
     cfg = narration_config(168, 4)  # cells of 56 px: four patches each
     video = _angle_cues(_background(cfg, torch.Generator().manual_seed(3)).expand(4, 168, 168, 3), cfg)
@@ -117,7 +117,7 @@ def test_binary_cues_are_read_exactly_from_every_patch_objects_included():
     """The binary design: the step's bits, row and column come out of a linear read-out of any 14 px
     patch, on an object or not: the property that lets a small vision encoder tell the time and
     place of the very tokens a clause describes."""
-    from hippo.benchmarks.task import CUE_AXES, LUMINANCE, cue_patterns, step_code
+    from hippo.cli.pair.task import CUE_AXES, LUMINANCE, cue_patterns, step_code
 
     cfg = narration_config(168, 8, cue_design="binary")  # cells of 56 px: four patches each
     rg, by = CUE_AXES
@@ -145,8 +145,8 @@ def test_binary_cues_are_read_exactly_from_every_patch_objects_included():
 
 
 def test_attention_targets_name_each_clause_object_and_step():
-    from hippo.benchmarks.narration import COLUMNS, ROWS, attention_targets
-    from hippo.benchmarks.task import COLOURS, SHAPES
+    from hippo.cli.pair.narration import COLUMNS, ROWS, attention_targets
+    from hippo.cli.pair.task import COLOURS, SHAPES
 
     for seed in SEEDS[:4]:
         smp = narration_sample(seed, ask=("all", None))

@@ -12,23 +12,24 @@ import torch
 
 from hippo.benchmarks.batching import make_batch
 from hippo.benchmarks.evaluate import HELD_OUT, evaluate, greedy_ids
-from hippo.benchmarks.pair import NARRATE_DIR, PAIR_DIR, ChecksumError, load_pair
-from hippo.benchmarks.task import TaskConfig, sample
+from hippo.benchmarks.pair import PAIR_DIR
 from hippo.benchmarks.tokenizer import processor_inputs
-from hippo.benchmarks.widen import max_logit_difference, norms_in_input_dtype, widen
+from hippo.cli.pair.checkpoint import NARRATE_DIR, ChecksumError, load_pair
+from hippo.cli.pair.task import TaskConfig, sample
+from hippo.cli.pair.widen import max_logit_difference, norms_in_input_dtype, widen
 
 SEEDS = range(HELD_OUT, HELD_OUT + 16)
 
 
 @pytest.fixture(scope="module")
 def small():
-    target, draft, tokenizer = load_pair(wide=False)  # checks every file's SHA-256
+    target, draft, tokenizer = load_pair(wide=False, directory=PAIR_DIR)  # checks every file's SHA-256
     return target, draft, tokenizer
 
 
 @pytest.fixture(scope="module")
 def wide():
-    return load_pair()[0]  # also checks the widened weights' SHA-256
+    return load_pair(directory=PAIR_DIR)[0]  # also checks the widened weights' SHA-256
 
 
 @pytest.mark.parametrize("pair", ["qwen2_5_vl", "narrate", "llava_onevision"])

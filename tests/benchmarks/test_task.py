@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hippo.benchmarks.task import (
+from hippo.cli.pair.task import (
     COLOURS,
     TaskConfig,
     caption_of,

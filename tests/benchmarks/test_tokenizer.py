@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from hippo.benchmarks.task import CLIP_SECONDS, TaskConfig, sample
 from hippo.benchmarks.tokenizer import build_tokenizer, messages, processor_inputs
+from hippo.cli.pair.task import CLIP_SECONDS, TaskConfig, sample
 
 
 def test_caption_round_trips(tmp_path):

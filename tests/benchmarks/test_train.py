@@ -8,9 +8,9 @@ import dataclasses
 
 import torch
 
-from hippo.benchmarks.pair import NARRATE_DIR
 from hippo.benchmarks.tokenizer import build_tokenizer
 from hippo.benchmarks.train import Phase, TrainConfig, phase_batches
+from hippo.cli.pair.checkpoint import NARRATE_DIR
 
 
 def _fields(batch) -> dict:
@@ -48,8 +48,8 @@ def test_attention_loss_reads_the_models_own_attention():
     with the visual tokens pruned or not."""
     from hippo.benchmarks.batching import lm_inputs, make_batch, select_kept
     from hippo.benchmarks.models import new_model
-    from hippo.benchmarks.narration import narration_config, narration_sample
     from hippo.benchmarks.train import AuxHeads, step_loss
+    from hippo.cli.pair.narration import narration_config, narration_sample
 
     model = new_model("target", seed=0).double()
     model.set_attn_implementation("eager")

@@ -29,11 +29,11 @@ from test_sampling import GEN, law_of, prompt, tv_threshold
 import hippo
 from hippo.accept import DraftProposal
 from hippo.interfaces import Drafter
+from hippo.plugins.tree import TreeDrafter
 from hippo.testing import models as hm
 from hippo.testing import params as hp
 from hippo.testing import reference as hr
 from hippo.testing import strategies as hs
-from hippo.plugins.tree import TreeDrafter
 
 ADAPTERS = hp.adapter_params()
 CORRUPT_TREE = "test-corrupting-tree"

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from test_parallel import make_inputs, models, no_leaks  # noqa: F401 - no_leaks is a fixture
 
 import hippo
-from hippo.sampling import TokenPolicy
 from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter
+from hippo.sampling import TokenPolicy
 
 pytestmark = pytest.mark.xdist_group("processes")  # draft processes: with tests/parallel/test_parallel.py
 

@@ -21,15 +21,15 @@ import torch
 from hypothesis import strategies as st
 
 import hippo
+from hippo.adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
+from hippo.plugins.drafters import ChainDrafter
+from hippo.plugins.executors import InlineExecutor
 from hippo.testing import assert_greedy_lossless, replay_greedy
 from hippo.testing import models as hm
 from hippo.testing import strategies as hs
 from hippo.testing.greedy import regression_cases
 from hippo.testing.reference import path_logits
 from hippo.testing.strategies import examples
-from hippo.adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
-from hippo.plugins.drafters import ChainDrafter
-from hippo.plugins.executors import InlineExecutor
 
 # draft processes, threads whose overlap is measured, timeouts: one worker, one test at a time
 pytestmark = pytest.mark.xdist_group("processes")

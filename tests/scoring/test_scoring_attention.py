@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scoring_refs import attention_ref, multi_video_inputs
 
+from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter
 from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import ScoringContext
-from hippo.testing import strategies as hs
-from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter
 from hippo.plugins.attention import AttentionScorer, query_rows, text_to_visual_attention
+from hippo.testing import strategies as hs
 
 # ---- the chunked kernel ---------------------------------------------------------------------
 

@@ -9,17 +9,17 @@ import pytest
 import torch
 
 import hippo
-from hippo.errors import ConfigError
-from hippo.registry import registry
-from hippo.types import VisualTokens
 from hippo.adapters.qwen2_5_vl import Qwen25VLAdapter
-from hippo.plugins.bias import (
+from hippo.cli.bias import (
     boundary_mask,
     boundary_stats,
     plot_position_bias,
     position_bias,
     position_bias_from_scores,
 )
+from hippo.errors import ConfigError
+from hippo.registry import registry
+from hippo.types import VisualTokens
 
 
 @pytest.fixture(scope="module")

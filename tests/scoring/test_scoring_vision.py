@@ -11,9 +11,9 @@ from scoring_refs import grids, holistic_ref, spatial_ref, temporal_ref, visual_
 
 from hippo.errors import ConfigError, InputError
 from hippo.interfaces import ScoringContext
+from hippo.plugins.scorers import HolisticScorer, SpatialScorer, TemporalScorer, frame_zscore
 from hippo.testing import strategies as hs
 from hippo.types import VisualTokens
-from hippo.plugins.scorers import HolisticScorer, SpatialScorer, TemporalScorer, frame_zscore
 
 dims = st.sampled_from([1, 3, 8])
 seeds = st.integers(0, 2**16)

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import torch
 
-from hippo.benchmarks.task import (
+from hippo.cli.pair.task import (
     COLOURS,
     MOTION_WORDS,
     MOTIONS,

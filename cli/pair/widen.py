@@ -29,7 +29,7 @@ import hashlib
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
 
-from hippo.benchmarks.models import set_generation_defaults
+from hippo.cli.pair.tokens import set_generation_defaults
 
 
 def _tile(w: torch.Tensor, rows: int, cols: int = 1, divide: int = 1) -> torch.Tensor:

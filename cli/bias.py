@@ -22,10 +22,10 @@ import torch
 
 from hippo.errors import ConfigError
 from hippo.interfaces import ScoringContext
-from hippo.types import VisualTokens
 from hippo.plugins.attention import AttentionScorer
 from hippo.plugins.ranked_selectors import TopKSelector
 from hippo.plugins.scorers import HolisticScorer
+from hippo.types import VisualTokens
 
 
 def boundary_mask(visual: VisualTokens, boundary: float = 0.1) -> torch.Tensor:  # -> [N] bool
