@@ -50,8 +50,8 @@ from transformers import (  # noqa: E402
 
 from hippo.adapters.llava_onevision import LlavaOnevisionAdapter  # noqa: E402
 from hippo.adapters.llava_onevision_tiny import tiny_config  # noqa: E402
-from hippo.benchmarks import task  # noqa: E402
 from hippo.benchmarks.tokenizer import SPECIALS, VOCAB_SIZE, messages, vocabulary  # noqa: E402
+from hippo.cli.pair import task  # noqa: E402
 from hippo.cli.pair.checkpoint import CHECKSUMS, ChecksumError, file_sha256  # noqa: E402
 from hippo.cli.pair.task import COLOURS, MOTIONS, QUESTION, SHAPES, TaskConfig, content_score, sample  # noqa: E402
 

@@ -91,7 +91,7 @@ class Pipeline:
         `streamer` gets `put(prompt ids)`, `put(new ids)` as tokens are accepted, then `end()`, as in
         transformers. `progress(stage, "start" | "end")` is told when the long steps ("vision encoding",
         "target prefill", "draft prefill") start and end. `timeline=True` books every piece of
-        work of both models on `stats.events` (`hippo.events`; drawn by `hippo.benchmarks.timeline`).
+        work of both models on `stats.events` (`hippo.events`; drawn by `hippo.cli.timeline`).
         """
         self._check_inputs(inputs)
         return self._decode(
