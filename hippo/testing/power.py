@@ -181,7 +181,14 @@ def spread(probs: Sequence[float]) -> float:
 
 
 def main() -> None:  # pragma: no cover - a report
-    from hippo.testing.sampling import DEFAULTS, LAW_CONFIGS, TREE_SETTINGS, config_law
+    from hippo.testing.sampling import (
+        DEFAULTS,
+        LAW_CONFIGS,
+        SECOND_TURN,
+        TREE_SETTINGS,
+        config_law,
+        second_turn_law,
+    )
 
     print(
         f"false alarms: {SUITE_ALPHA:g} per suite run over {SUITE_CHECKS} checks = alpha {ALPHA:.0e} per "
@@ -198,6 +205,13 @@ def main() -> None:  # pragma: no cover - a report
             f"{name:<48} {len(probs):>2} {max(probs):>7.3f} {spread(probs):>6.3f} {n:>5} "
             f"{power_of(law, n):>6.3f}"
         )
+    law = second_turn_law()
+    probs = cell_probs(law, cells(law))
+    n = runs_for(law)
+    name = f"conversation turn 2 ({SECOND_TURN['scheduler']}, cached context)"
+    print(
+        f"{name:<48} {len(probs):>2} {max(probs):>7.3f} {spread(probs):>6.3f} {n:>5} {power_of(law, n):>6.3f}"
+    )
     law, n = config_law(TREE_SETTINGS), TREE_SETTINGS["runs"]
     probs = cell_probs(law, cells(law))
     print(

@@ -22,7 +22,8 @@ from hippo.errors import ConfigError
 from hippo.testing import assert_sampling_exact
 from hippo.testing import models as hm
 from hippo.testing import reference as hr
-from hippo.testing.sampling import DEFAULTS, LAW_CONFIGS, config_law, generation, sampling_case
+from hippo.testing.sampling import DEFAULTS, LAW_CONFIGS, config_check, config_law, generation, sampling_case
+from hippo.types import Stats
 
 # ---- the former flat-law setting (other modules import these) -------------------------------------
 TEMPERATURE, TOP_K, NEW = 1.5, 2, 4
@@ -106,17 +107,36 @@ def test_exact_law_is_what_generate_computes(name):
 def test_pipeline_samples_the_target_law(name):
     """`assert_sampling_exact` at its stated power: it raises on a law at TV 0.05 with probability
     >= 0.95; here the pipeline is exact, so it must pass (false alarm <= 4e-5)."""
-    cfg = LAW_CONFIGS[name]
-    scheduler, drafter = cfg.get("scheduler", "serial"), cfg.get("drafter", "chain")
-
-    def build(case):
-        return case.builder(scheduler, drafter=drafter)
-
-    res = assert_sampling_exact(
-        build, adapter=cfg.get("adapter"), executor=cfg.get("executor", "inline"), **_settings(cfg)
-    )
+    res = config_check(LAW_CONFIGS[name])
     print(res.summary())
     assert res.power >= 0.95 and res.runs == res.looks[-1] and res.partial_rounds > 0, res.summary()
+
+
+def test_partial_drafts_follow_a_drafting_across_its_chunks():
+    """The vacuity guard's count: a rejection after an accepted token of the same drafting. pearl
+    books x_1 alone and then x_2 (no bonus token between): one drafting accepted in part. A serial
+    round accepted whole ends with its bonus token: a rejection in the next round is a new drafting."""
+    chunks = Stats()
+    chunks.record_round(drafted=1, accepted=1, emitted=1, rejected=False)  # x_1, no bonus
+    chunks.record_round(drafted=1, accepted=0, emitted=1, rejected=True)  # x_2 rejected: residual
+    assert hr.partial_drafts(chunks) == 1  # though no round accepted part of its own tokens
+    assert not any(0 < a < g for a, g in zip(chunks.accepted_per_round, chunks.drafted_per_round))
+    serial = Stats()
+    serial.record_round(drafted=2, accepted=2, emitted=3, rejected=False)  # all accepted + bonus
+    serial.record_round(drafted=2, accepted=0, emitted=1, rejected=True)
+    serial.record_round(drafted=2, accepted=1, emitted=2, rejected=True)  # partial in itself
+    assert hr.partial_drafts(serial) == 1
+
+
+def test_a_check_without_partial_acceptance_is_vacuous():
+    """The target drafting for itself from the whole video, nothing corrupted: every drafting is
+    accepted whole, so the law check proves nothing about the rule after a rejection and says so."""
+    from hippo.testing.report import VacuousCheck
+
+    with pytest.raises(VacuousCheck, match="no drafting was accepted in part"):
+        assert_sampling_exact(
+            lambda case: case.builder("serial"), keep_ratio=1.0, corrupt=None, temperature=0.005, runs=8
+        )
 
 
 def test_a_law_too_flat_for_the_power_is_refused():
