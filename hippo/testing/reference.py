@@ -89,27 +89,26 @@ def partial_rounds(out: GenerateOutput) -> list[tuple[int, int]]:
 
 
 def partial_drafts(stats: Any) -> int:  # stats: hippo.types.Stats
-    """Drafts that were accepted in part: a draft token rejected after at least one earlier token of
-    the same drafting was accepted, whatever the rounds were booked as.
+    """Draftings accepted in part: some of a drafting's tokens accepted and some not, whatever the
+    rounds were booked as (the vacuity guard of the law check).
 
-    The parallel schedules (`pearl`, `hippo`) verify one drafting in chunks, each booked as a round:
-    x_1 alone, then x_2..x_γ (conservative), or a batch whose first token the previous chunk's p_γ
-    checks (optimistic). A chunk accepted whole that emitted no token of the target's own (no bonus)
-    continues into the next, so "x_1 accepted, then x_2 rejected" counts though no single round
-    accepted part of its tokens (with γ = 2, pearl's chunks hold one token each). A serial round
-    always ends with a token of the target's (the bonus, or the residual draw), so there this is
-    the number of rounds with 0 < accepted and a rejection. A tree round rejects when its accepted
-    path is shorter than the tree's depth.
+    A serial round is one drafting: this counts its rounds with 0 < accepted < drafted (a tree round:
+    drafted = its nodes, so a tree whose siblings were left counts too). The parallel schedules
+    (`pearl`, `hippo`) verify one drafting in chunks, each booked as a round: x_1 alone, then
+    x_2..x_γ (conservative), or a batch whose first token the previous chunk's p_γ checks
+    (optimistic). A chunk accepted whole that emitted no token of the target's own (no bonus)
+    continues into the next, so "x_1 accepted, then x_2 rejected" counts, though no single round
+    accepted part of its tokens (with γ = 2, pearl's first chunks hold one token each).
     """
     n, run = 0, 0
-    for accepted, emitted, rejected in zip(
-        stats.accepted_per_round, stats.emitted_per_round, stats.rejected_per_round
+    for accepted, drafted, emitted, rejected in zip(
+        stats.accepted_per_round, stats.drafted_per_round, stats.emitted_per_round, stats.rejected_per_round
     ):
         run += accepted
-        if rejected:
+        if rejected or accepted < drafted:  # the drafting ends here, some of it not accepted
             n += run > 0
             run = 0
-        elif emitted != accepted:  # a bonus token: the drafting ends with this round
+        elif emitted != accepted:  # accepted whole, then a bonus token: the drafting ends
             run = 0
     return n
 

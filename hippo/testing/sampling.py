@@ -17,9 +17,9 @@ The default case makes every step of speculative sampling matter: the target dra
 a pruned video (q close to, but not, p), γ = 2, and the second draft position of each round is
 replaced by q's second choice (`corrupt`), so rounds accept the first token and usually reject the
 second (residual draws), and sometimes accept both (bonus draws). It also fails with `VacuousCheck`
-when no drafting was accepted in part (`require_partial`): no draft token was rejected after an
-accepted one of the same drafting, in one round or across the chunks `pearl` and `hippo` verify it
-in (`reference.partial_drafts`). `LawCheck` is the check itself, for tests that sample another way.
+when no drafting was accepted in part (`require_partial`): some of its tokens accepted and some not,
+in one round or across the chunks `pearl` and `hippo` verify it in (`reference.partial_drafts`).
+`LawCheck` is the check itself, for tests that sample another way.
 Notation: p = target, q = draft, γ = draft length, V = vocabulary size, m = new tokens.
 """
 
@@ -75,8 +75,8 @@ class SamplingResult:
     alpha: float = pw.ALPHA
     tv: float = 0.0  # total variation between the sampled cells and P's (for the report)
     rounds: int = 0
-    #: draftings accepted in part (`reference.partial_drafts`: a rejection after an accepted token of
-    #: the same drafting, in one round or across the chunks a parallel schedule verifies it in)
+    #: draftings accepted in part (`reference.partial_drafts`: some of its tokens accepted and some
+    #: not, in one round or across the chunks a parallel schedule verifies it in)
     partial_rounds: int = 0
     rejected_rounds: int = 0
     looks: list = attrs.field(factory=list)  # runs at each look taken
@@ -366,7 +366,7 @@ class LawCheck:
 
     def require_partial(self, drafts: bool = True) -> None:
         """The vacuity guard: `VacuousCheck` when the runs drafted but no drafting was accepted in part
-        (`reference.partial_drafts`), so the rule after a rejection never ran behind an acceptance."""
+        (`reference.partial_drafts`): the rules after an acceptance and after a rejection never met."""
         if drafts and not self.result.partial_rounds:
             raise VacuousCheck(f"no drafting was accepted in part: {self.result.summary()}")
 

@@ -113,7 +113,7 @@ def test_pipeline_samples_the_target_law(name):
 
 
 def test_partial_drafts_follow_a_drafting_across_its_chunks():
-    """The vacuity guard's count: a rejection after an accepted token of the same drafting. pearl
+    """The vacuity guard's count: draftings with some tokens accepted and some not. pearl
     books x_1 alone and then x_2 (no bonus token between): one drafting accepted in part. A serial
     round accepted whole ends with its bonus token: a rejection in the next round is a new drafting."""
     chunks = Stats()
