@@ -472,6 +472,11 @@ SECOND_TURN: dict[str, Any] = {
 }
 
 
+#: The law of tests/lossless/test_planner.py's switching checks (rounds and target-only steps mixed
+#: within each run under `gamma="auto"`): `sampling_case`'s, sampled with these settings.
+SWITCHING: dict[str, Any] = {"temperature": 0.005, "top_k": 2}
+
+
 def second_turn_prompts(adapter: str | None = None) -> tuple[Case, list[int], Prompt]:
     """(the case, whose prompt is turn 1; turn 1's greedy answer by `target.generate`; the whole
     turn-2 prompt: the case's, the answer, question 2)."""

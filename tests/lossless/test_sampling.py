@@ -1,22 +1,23 @@
 """Sampling is lossless in law: the pipeline's first tokens follow exactly the target's distribution.
 
 Each configuration of `hippo.testing.sampling.LAW_CONFIGS` (chain and tree drafting, the serial and
-the parallel schedules, every adapter, top_k, top_p and the repetition penalty) is checked by
+the parallel schedules, pearl included, every adapter, top_k, top_p, the repetition penalty and γ
+from the cost model) is checked by
 `assert_sampling_exact` on a *peaked* law (a low temperature), with as many runs as it takes to
 detect any sampler whose law of the first tokens is at total variation 0.05 from the target's with
 probability >= 0.95, at a false-alarm level of 4e-5 per check (1e-3 for the whole suite). The
 numbers, and how they are computed: `python -m hippo.testing.power` (its module docstring).
-Every check also requires a round that accepted part of its draft.
+Every check also requires a drafting accepted in part (`reference.partial_drafts`, which follows a
+drafting across the chunks pearl and hippo verify it in).
 
-`GEN`, `prompt`, `law_of` and `tv_threshold` are the former flat-law setting (T=1.5, top_k=2, four
-tokens), still used by test_tree.py and test_auto_gamma.py.
+The other law checks, on the same machinery: test_tree.py (a planted sibling rule is caught),
+test_conversation.py (a conversation's second turn), test_planner.py (rounds and target-only steps).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
 from hippo.errors import ConfigError
 from hippo.testing import assert_sampling_exact
@@ -24,36 +25,6 @@ from hippo.testing import models as hm
 from hippo.testing import reference as hr
 from hippo.testing.sampling import DEFAULTS, LAW_CONFIGS, config_check, config_law, generation, sampling_case
 from hippo.types import Stats
-
-# ---- the former flat-law setting (other modules import these) -------------------------------------
-TEMPERATURE, TOP_K, NEW = 1.5, 2, 4
-GEN = {"do_sample": True, "temperature": TEMPERATURE, "top_k": TOP_K, "max_new_tokens": NEW}
-DELTA = 1e-3
-
-
-def warpers() -> LogitsProcessorList:
-    return LogitsProcessorList([TemperatureLogitsWarper(TEMPERATURE), TopKLogitsWarper(TOP_K)])
-
-
-def tv_threshold(k: int, n: int, delta: float = DELTA) -> float:
-    return hr.tv_threshold(k, n, delta)
-
-
-def prompt(adapter: str) -> hm.Prompt:
-    target = hm.tiny(adapter)
-    unit, words = hm.pixel_unit(target), hm.text_ids(target)
-    return hm.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[10:13], words[20:22])
-
-
-_LAWS: dict[str, dict[tuple[int, ...], float]] = {}
-
-
-def law_of(adapter: str) -> dict[tuple[int, ...], float]:
-    if adapter not in _LAWS:
-        target = hm.tiny(adapter)
-        _LAWS[adapter] = hr.exact_law(target, prompt(adapter).inputs, NEW, warpers(), set(hm.eos_ids(target)))
-    return _LAWS[adapter]
-
 
 # ---- the law checks -----------------------------------------------------------------------------------
 
