@@ -36,6 +36,7 @@ _PUBLIC = {
     "GreedyResult": "greedy",
     "assert_sampling_exact": "sampling",
     "SamplingResult": "sampling",
+    "LawCheck": "sampling",
     "assert_conversation_lossless": "conversation",
     # the case and its strategies
     "Case": "case",

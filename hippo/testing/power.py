@@ -44,7 +44,8 @@ SUITE_ALPHA = 1e-3
 #: Law checks of exact pipelines in one suite run, counted with room to spare: the configurations of
 #: tests/lossless/test_sampling.py, the honest checks of tests/test_testing.py (`hippo check
 #: --sampling` on the rejection and tree verifiers, the temperature calibration) and the other
-#: suites' calls of `assert_sampling_exact`.
+#: suites' calls of `assert_sampling_exact` and `LawCheck` (a conversation's second turn, the
+#: planner's switching).
 SUITE_CHECKS = 25
 ALPHA = SUITE_ALPHA / SUITE_CHECKS  # 4e-5 per check
 EPSILON = 0.05  # the total-variation error every check must detect ...
@@ -181,7 +182,17 @@ def spread(probs: Sequence[float]) -> float:
 
 
 def main() -> None:  # pragma: no cover - a report
-    from hippo.testing.sampling import DEFAULTS, LAW_CONFIGS, TREE_SETTINGS, config_law
+    from hippo.testing.sampling import (
+        DEFAULTS,
+        LAW_CONFIGS,
+        SECOND_TURN,
+        SWITCHING,
+        TREE_SETTINGS,
+        config_law,
+        sampling_case,
+        second_turn_law,
+        target_law,
+    )
 
     print(
         f"false alarms: {SUITE_ALPHA:g} per suite run over {SUITE_CHECKS} checks = alpha {ALPHA:.0e} per "
@@ -192,6 +203,17 @@ def main() -> None:  # pragma: no cover - a report
     configs = {f"default (hippo check --sampling, T={DEFAULTS['temperature']})": {}, **LAW_CONFIGS}
     for name, cfg in configs.items():
         law = config_law(cfg)
+        probs = cell_probs(law, cells(law))
+        n = runs_for(law)
+        print(
+            f"{name:<48} {len(probs):>2} {max(probs):>7.3f} {spread(probs):>6.3f} {n:>5} "
+            f"{power_of(law, n):>6.3f}"
+        )
+    others = {
+        f"conversation turn 2 ({SECOND_TURN['scheduler']}, cached context)": second_turn_law(),
+        "planner switching (serial, hippo; gamma=auto)": target_law(sampling_case(), **SWITCHING),
+    }
+    for name, law in others.items():
         probs = cell_probs(law, cells(law))
         n = runs_for(law)
         print(

@@ -88,6 +88,31 @@ def partial_rounds(out: GenerateOutput) -> list[tuple[int, int]]:
     return [(n, g) for n, g in zip(s.accepted_per_round, s.drafted_per_round) if 0 < n < g]
 
 
+def partial_drafts(stats: Any) -> int:  # stats: hippo.types.Stats
+    """Draftings accepted in part: some of a drafting's tokens accepted and some not, whatever the
+    rounds were booked as (the vacuity guard of the law check).
+
+    A serial round is one drafting: this counts its rounds with 0 < accepted < drafted (a tree round:
+    drafted = its nodes, so a tree whose siblings were left counts too). The parallel schedules
+    (`pearl`, `hippo`) verify one drafting in chunks, each booked as a round: x_1 alone, then
+    x_2..x_γ (conservative), or a batch whose first token the previous chunk's p_γ checks
+    (optimistic). A chunk accepted whole that emitted no token of the target's own (no bonus)
+    continues into the next, so "x_1 accepted, then x_2 rejected" counts, though no single round
+    accepted part of its tokens (with γ = 2, pearl's first chunks hold one token each).
+    """
+    n, run = 0, 0
+    for accepted, drafted, emitted, rejected in zip(
+        stats.accepted_per_round, stats.drafted_per_round, stats.emitted_per_round, stats.rejected_per_round
+    ):
+        run += accepted
+        if rejected or accepted < drafted:  # the drafting ends here, some of it not accepted
+            n += run > 0
+            run = 0
+        elif emitted != accepted:  # accepted whole, then a bonus token: the drafting ends
+            run = 0
+    return n
+
+
 # ---- exact laws ----------------------------------------------------------------------------------
 
 

@@ -17,7 +17,9 @@ The default case makes every step of speculative sampling matter: the target dra
 a pruned video (q close to, but not, p), γ = 2, and the second draft position of each round is
 replaced by q's second choice (`corrupt`), so rounds accept the first token and usually reject the
 second (residual draws), and sometimes accept both (bonus draws). It also fails with `VacuousCheck`
-when no round accepted part of its draft (`require_partial`).
+when no drafting was accepted in part (`require_partial`): some of its tokens accepted and some not,
+in one round or across the chunks `pearl` and `hippo` verify it in (`reference.partial_drafts`).
+`LawCheck` is the check itself, for tests that sample another way.
 Notation: p = target, q = draft, γ = draft length, V = vocabulary size, m = new tokens.
 """
 
@@ -30,11 +32,11 @@ import attrs
 
 from hippo.errors import ConfigError
 from hippo.testing import power as pw
-from hippo.testing.case import Case
+from hippo.testing.case import DRAFTING_PAYS, Case
 from hippo.testing.drafters import corrupting_plugin
 from hippo.testing.greedy import make_pipeline, part_names
 from hippo.testing.models import Prompt, eos_ids, pixel_unit, text_ids, tiny, tiny_adapters
-from hippo.testing.reference import exact_law, warpers
+from hippo.testing.reference import exact_law, partial_drafts, reference, warpers
 from hippo.testing.report import LosslessViolation, Report, VacuousCheck
 
 MAX_OUTCOMES = 4096
@@ -73,6 +75,8 @@ class SamplingResult:
     alpha: float = pw.ALPHA
     tv: float = 0.0  # total variation between the sampled cells and P's (for the report)
     rounds: int = 0
+    #: draftings accepted in part (`reference.partial_drafts`: some of its tokens accepted and some
+    #: not, in one round or across the chunks a parallel schedule verifies it in)
     partial_rounds: int = 0
     rejected_rounds: int = 0
     looks: list = attrs.field(factory=list)  # runs at each look taken
@@ -81,7 +85,7 @@ class SamplingResult:
         return (
             f"{self.runs} runs, {self.outcomes} outcomes in {self.cells} cells (mode {self.mode:.3f}), "
             f"TV {self.tv:.4f}; detects any TV {self.epsilon:g} error with power {self.power:.3f} at level "
-            f"{self.alpha:.0e}; {self.partial_rounds} of {self.rounds} rounds partially accepted"
+            f"{self.alpha:.0e}; {self.partial_rounds} draftings accepted in part over {self.rounds} rounds"
         )
 
 
@@ -203,7 +207,7 @@ def assert_sampling_exact(
     `alpha`; an explicit `runs` is used as is (its power is reported). `delta` is the old name of
     `alpha`; `sensitivity` (the former surprisal test's) must be None.
     Raises `LosslessViolation` with a report when the law is off, `VacuousCheck` when the check could
-    prove nothing (too flat a law for `max_runs`, or no round partially accepted).
+    prove nothing (too flat a law for `max_runs`, or no drafting accepted in part).
     """
     if sensitivity is not None:
         raise ConfigError(
@@ -212,8 +216,6 @@ def assert_sampling_exact(
         )
     if delta is not None:
         alpha = delta
-    if not 0 < alpha < 1 or not 0 < epsilon < 1 or not 0 < power < 1:
-        raise ConfigError(f"alpha, epsilon and power must be in (0, 1), got {alpha}, {epsilon}, {power}")
     case = sampling_case(
         adapter,
         draft=draft,
@@ -224,31 +226,15 @@ def assert_sampling_exact(
         executor=executor,
     )
     law = target_law(case, temperature, top_k, top_p, repetition_penalty)
-    groups = pw.cells(law)
-    probs = pw.cell_probs(law, groups)
-    where = {k: i for i, g in enumerate(groups) for k in g}
-    n = runs if runs is not None else pw.runs_for(law, alpha, power, epsilon, most=max_runs)
-    res = SamplingResult(
-        outcomes=len(law),
-        cells=len(groups),
-        mode=max(probs),
-        power=pw.worst_power(probs, n, alpha, epsilon),
-        epsilon=epsilon,
-        alpha=alpha,
-    )
     settings = (
         f"temperature={temperature:g}, top_k={top_k}, top_p={top_p}, repetition_penalty={repetition_penalty}"
     )
-    if runs is None and res.power < power:
-        raise VacuousCheck(
-            f"the target's law here is too flat: {max_runs} runs (max_runs) detect a TV {epsilon:g} error "
-            f"with power {res.power:.3f} only, not {power:g} ({len(law)} outcomes, mode {res.mode:.3f}, "
-            f"{settings}): lower the temperature or top_k, or raise max_runs"
-        )
+    check = LawCheck.plan(
+        law, runs=runs, max_runs=max_runs, alpha=alpha, epsilon=epsilon, power=power, settings=settings
+    )
+    res, n = check.result, check.runs
     gen = generation(temperature, top_k, top_p, repetition_penalty, new_tokens)
     L = case.prompt.length
-    counts = [0] * len(groups)
-    looks = pw.look_sizes(n)
     pipe = None
 
     def report(summary: str, details: str = "") -> Report:
@@ -258,68 +244,139 @@ def assert_sampling_exact(
             case=case.short() + ", " + settings,
             parts=part_names(pipe),
             reproduce=(
-                f"assert_sampling_exact(build, adapter={case.adapter!r}, draft={draft!r}, gamma={gamma}, "
+                f"assert_sampling_exact(build, adapter={case.adapter!r}, draft={draft!r}, gamma={gamma!r}, "
                 f"keep_ratio={keep_ratio}, corrupt={corrupt}, {settings}, new_tokens={new_tokens}, "
                 f"executor={executor!r}, runs={n}, alpha={alpha:g}, seed={seed})"
             ),
             details=details or res.summary(),
         )
 
-    def tv() -> float:
-        m = sum(counts)
-        return 0.5 * sum(abs(c / m - p) for c, p in zip(counts, probs)) if m else 0.0
-
     with corrupting_plugin():
         pipe, owned = make_pipeline(build, case)
+        # asked before the check closes the pipeline (close() drops its adapters)
+        drafts = getattr(pipe, "draft_adapter", None) is not None
         try:
             for run in range(n):
                 out = pipe.generate(case.inputs, seed=seed + run, **gen)
-                toks = tuple(out.sequences[0, L:].cpu().tolist())
-                s = out.stats
-                res.rounds += s.rounds
-                res.partial_rounds += sum(
-                    0 < a < g for a, g in zip(s.accepted_per_round, s.drafted_per_round)
-                )
-                res.rejected_rounds += sum(a < g for a, g in zip(s.accepted_per_round, s.drafted_per_round))
-                res.runs = run + 1
-                if toks not in where:
-                    raise LosslessViolation(
-                        report(
-                            f"run with seed {seed + run} emitted {list(toks)}, a sequence the target gives "
-                            "probability 0 (a token it cannot emit there)",
-                        )
-                    )
-                counts[where[toks]] += 1
-                if res.runs in looks:
-                    res.looks.append(res.runs)
-                    res.tv = tv()
-                    bad = pw.rejections(counts, probs, alpha)
-                    if bad:
-                        expected = ", ".join(
-                            f"{[list(k) for k in g[:2]]}{'...' if len(g) > 2 else ''}: {c} runs, P = {p:.4f}"
-                            for g, c, p in zip(groups, counts, probs)
-                        )
-                        raise LosslessViolation(
-                            report(
-                                f"the sequences' law is off after {res.runs} runs: TV {res.tv:.4f}; "
-                                f"{len(bad)} binomial test(s) reject at level {alpha:.0e}: {bad[0]}",
-                                f"cells (sequences: runs, target's P): {expected}; {res.summary()}",
-                            )
-                        )
+                failure = check.add(out.sequences[0, L:].cpu().tolist(), out.stats)
+                if failure is not None:
+                    raise LosslessViolation(report(f"seeds {seed}..{seed + run}: {failure}", check.details()))
         finally:
             if owned:
                 pipe.close()
-
-    drafts = getattr(pipe, "draft_adapter", None) is not None
-    if require_partial and drafts and not res.partial_rounds:
-        raise VacuousCheck(f"no round accepted part of its draft tokens: {res.summary()}")
+    if require_partial:
+        check.require_partial(drafts)
     return res
+
+
+@attrs.define
+class LawCheck:
+    """The binomial tests of one law check (`hippo.testing.power`), fed one run at a time.
+
+    `assert_sampling_exact` drives it for `pipeline.generate` on its fixed case; a test that samples
+    another way (a conversation's turn, ...) plans one on the target's exact law of that prompt,
+    `add`s each run's tokens and stats, and fails with the message `add` returns. The level, the
+    looks at N/4, N/2, N and the power are those of `assert_sampling_exact`.
+    """
+
+    law: dict[tuple[int, ...], float]
+    runs: int
+    result: SamplingResult
+    groups: list[list[tuple[int, ...]]]
+    probs: list[float]
+    counts: list[int]
+    where: dict[tuple[int, ...], int]
+
+    @classmethod
+    def plan(
+        cls,
+        law: dict[tuple[int, ...], float],
+        *,
+        runs: int | None = None,
+        max_runs: int = 3000,
+        alpha: float = pw.ALPHA,
+        epsilon: float = pw.EPSILON,
+        power: float = pw.POWER,
+        settings: str = "",
+    ) -> LawCheck:
+        """The check of `law`: `runs` runs (None: the fewest with `power` against a TV `epsilon` error
+        at level `alpha`; `VacuousCheck` when `max_runs` do not reach it)."""
+        if not 0 < alpha < 1 or not 0 < epsilon < 1 or not 0 < power < 1:
+            raise ConfigError(f"alpha, epsilon and power must be in (0, 1), got {alpha}, {epsilon}, {power}")
+        groups = pw.cells(law)
+        probs = pw.cell_probs(law, groups)
+        n = runs if runs is not None else pw.runs_for(law, alpha, power, epsilon, most=max_runs)
+        res = SamplingResult(
+            outcomes=len(law),
+            cells=len(groups),
+            mode=max(probs),
+            power=pw.worst_power(probs, n, alpha, epsilon),
+            epsilon=epsilon,
+            alpha=alpha,
+        )
+        if runs is None and res.power < power:
+            raise VacuousCheck(
+                f"the target's law here is too flat: {max_runs} runs (max_runs) detect a TV {epsilon:g} "
+                f"error with power {res.power:.3f} only, not {power:g} ({len(law)} outcomes, mode "
+                f"{res.mode:.3f}{', ' + settings if settings else ''}): lower the temperature or top_k, or "
+                "raise max_runs"
+            )
+        where = {k: i for i, g in enumerate(groups) for k in g}
+        return cls(law, n, res, groups, probs, [0] * len(groups), where)
+
+    def tv(self) -> float:
+        """Total variation between the sampled cells and P's."""
+        m = sum(self.counts)
+        return 0.5 * sum(abs(c / m - p) for c, p in zip(self.counts, self.probs)) if m else 0.0
+
+    def add(self, tokens: list[int], stats: Any = None) -> str | None:  # stats: hippo.types.Stats
+        """Count one run's generated tokens (and its rounds); returns why the check fails, or None: a
+        sequence P gives 0, or, at a look, a binomial test that rejects."""
+        res, toks = self.result, tuple(tokens)
+        if stats is not None:
+            res.rounds += stats.rounds
+            res.partial_rounds += partial_drafts(stats)
+            res.rejected_rounds += sum(stats.rejected_per_round)
+        res.runs += 1
+        if toks not in self.where:
+            return (
+                f"run {res.runs} emitted {list(toks)}, a sequence the target gives probability 0 (a token "
+                "it cannot emit there)"
+            )
+        self.counts[self.where[toks]] += 1
+        if res.runs not in pw.look_sizes(self.runs):
+            return None
+        res.looks.append(res.runs)
+        res.tv = self.tv()
+        bad = pw.rejections(self.counts, self.probs, res.alpha)
+        if not bad:
+            return None
+        return (
+            f"the sequences' law is off after {res.runs} runs: TV {res.tv:.4f}; {len(bad)} binomial test(s) "
+            f"reject at level {res.alpha:.0e}: {bad[0]}"
+        )
+
+    def details(self) -> str:
+        """The cells' counts against P, and the summary."""
+        cells = ", ".join(
+            f"{[list(k) for k in g[:2]]}{'...' if len(g) > 2 else ''}: {c} runs, P = {p:.4f}"
+            for g, c, p in zip(self.groups, self.counts, self.probs)
+        )
+        return f"cells (sequences: runs, target's P): {cells}; {self.result.summary()}"
+
+    def require_partial(self, drafts: bool = True) -> None:
+        """The vacuity guard: `VacuousCheck` when the runs drafted but no drafting was accepted in part
+        (`reference.partial_drafts`): the rules after an acceptance and after a rejection never met."""
+        if drafts and not self.result.partial_rounds:
+            raise VacuousCheck(f"no drafting was accepted in part: {self.result.summary()}")
 
 
 # ---- the suite's law checks (tests/lossless/test_sampling.py; `python -m hippo.testing.power`) ------
 
-#: name -> settings: chain and tree, serial and parallel schedules, every adapter, top_p and the
-#: repetition penalty; each on a peaked law (its temperature) so that N stays small.
+#: name -> settings: chain and tree, serial and parallel schedules (`pearl` too), every adapter, top_p
+#: and the repetition penalty, γ from the cost model; each on a peaked law (its temperature) so that N
+#: stays small. Keys besides DEFAULTS': "adapter", "scheduler", "drafter", "drafter_options" (the
+#: drafter's own options, e.g. a tree's shape), "scheduler_options", "executor".
 LAW_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen2_5_vl hippo chain top_p": {
         "scheduler": "hippo",
@@ -339,8 +396,114 @@ LAW_CONFIGS: dict[str, dict[str, Any]] = {
         "drafter": "tree",
         "temperature": 0.002,
     },
-    "qwen2_5_vl hippo tree": {"scheduler": "hippo", "drafter": "tree", "temperature": 0.005},
+    # pearl verifies a drafting in chunks (x_1 alone, then the rest), each booked as a round
+    "qwen2_5_vl pearl chain": {"scheduler": "pearl", "temperature": 0.005},
+    # a static tree with three children at the root: siblings tested after a rejected first child
+    "qwen2_5_vl serial_tree static tree": {
+        "scheduler": "serial_tree",
+        "drafter": "tree",
+        "drafter_options": {"paths": ((0, 0), (1, 0), (2,))},
+        "keep_ratio": 0.25,
+        "temperature": 0.005,
+        "top_k": 3,
+    },
+    # a dynamic (best-first) tree, the draft on its own thread with its forked policy; from a quarter
+    # of the video (from half, q is so close to p that every tree is accepted whole)
+    "qwen2_5_vl hippo dynamic tree on a thread": {
+        "scheduler": "hippo",
+        "drafter": "tree",
+        "drafter_options": {"budget": 6, "top_k": 2},
+        "executor": "thread",
+        "keep_ratio": 0.25,
+        "temperature": 0.005,
+    },
+    # γ from the cost model, round by round: serial on fixed costs under which drafting pays (on the
+    # measured ones the target drafting for itself costs as much as verifying, and the planner keeps
+    # γ <= 1), from the whole video (on this prompt, q from part of it ranks p's token second where
+    # the corruption strikes, so x_2 would be accepted); hippo on measured times (its prefill buffer
+    # is verified in γ-sized chunks)
+    "qwen2_5_vl serial chain gamma=auto": {
+        "gamma": "auto",
+        "scheduler_options": {"costs": DRAFTING_PAYS},
+        "keep_ratio": 1.0,
+        "temperature": 0.005,
+    },
+    "qwen2_5_vl hippo chain gamma=auto": {"scheduler": "hippo", "gamma": "auto", "temperature": 0.005},
 }
+
+
+def config_build(cfg: dict[str, Any], verifier: str | None = None) -> Callable[[Case], Any]:
+    """The pipeline a LAW_CONFIGS entry checks: `case.builder` with its scheduler (and
+    "scheduler_options"), drafter and `verifier`; "drafter_options" (a tree's shape) replace the
+    drafter, and with it the corrupting wrapper (which passes trees through unchanged)."""
+    scheduler, drafter = cfg.get("scheduler", "serial"), cfg.get("drafter", "chain")
+
+    def build(case: Case) -> Any:
+        b = case.builder(scheduler, drafter=drafter, verifier=verifier, **cfg.get("scheduler_options", {}))
+        if "drafter_options" in cfg:
+            b.drafter(drafter, **cfg["drafter_options"])
+        return b
+
+    return build
+
+
+def config_check(cfg: dict[str, Any], verifier: str | None = None, **options: Any) -> SamplingResult:
+    """`assert_sampling_exact` on a LAW_CONFIGS entry (with `verifier`, and `options` overriding)."""
+    settings = {k: v for k, v in cfg.items() if k in DEFAULTS}
+    return assert_sampling_exact(
+        config_build(cfg, verifier),
+        adapter=cfg.get("adapter"),
+        executor=cfg.get("executor", "inline"),
+        **{**settings, **options},
+    )
+
+
+#: A conversation's second turn (tests/lossless/test_conversation.py): `sampling_case`'s video and
+#: text, question 1 (the case's text after the video) answered greedily with `answer` tokens from a
+#: cached context, then question 2 (`question`: text-id picks) sampled; its law is the target's on
+#: the whole turn-2 prompt.
+SECOND_TURN: dict[str, Any] = {
+    "scheduler": "hippo",
+    "answer": 3,
+    "question": (30, 32),
+    "temperature": 0.005,
+    "top_k": 2,
+    "new_tokens": 4,
+}
+
+
+#: The law of tests/lossless/test_planner.py's switching checks (rounds and target-only steps mixed
+#: within each run under `gamma="auto"`): `sampling_case`'s, sampled with these settings.
+SWITCHING: dict[str, Any] = {"temperature": 0.005, "top_k": 2}
+
+
+def second_turn_prompts(adapter: str | None = None) -> tuple[Case, list[int], Prompt]:
+    """(the case, whose prompt is turn 1; turn 1's greedy answer by `target.generate`; the whole
+    turn-2 prompt: the case's, the answer, question 2)."""
+    case = sampling_case(adapter)
+    first, target = case.prompt, case.target
+    ref = reference(target, first.inputs, do_sample=False, max_new_tokens=SECOND_TURN["answer"])
+    answer = ref[0, first.length :].tolist()
+    lo, hi = SECOND_TURN["question"]
+    after = (*case.after, *answer, *text_ids(target)[lo:hi])
+    return case, answer, Prompt(case.adapter, target, case.grid, case.video_seed, case.before, after)
+
+
+def second_turn_law(adapter: str | None = None) -> dict[tuple[int, ...], float]:
+    """The target's exact law of turn 2's first tokens under SECOND_TURN's settings (cached)."""
+    case, _, second = second_turn_prompts(adapter)
+    key = ("second turn", case.adapter, *sorted(SECOND_TURN.items()))
+    if key not in _LAWS:
+        proc = warpers(SECOND_TURN["temperature"], SECOND_TURN["top_k"])
+        _LAWS[key] = exact_law(
+            case.target,
+            second.inputs,
+            SECOND_TURN["new_tokens"],
+            proc,
+            set(eos_ids(case.target)),
+            MAX_OUTCOMES,
+        )
+    return _LAWS[key]
 
 
 def config_law(cfg: dict[str, Any]) -> dict[tuple[int, ...], float]:
@@ -362,10 +525,15 @@ __all__ = [
     "TREE_SETTINGS",
     "LAW_CONFIGS",
     "Prompt",
+    "LawCheck",
     "SamplingResult",
     "assert_sampling_exact",
+    "config_build",
+    "config_check",
     "config_law",
     "default_adapter",
     "sampling_case",
+    "second_turn_law",
+    "second_turn_prompts",
     "target_law",
 ]

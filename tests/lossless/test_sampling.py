@@ -1,58 +1,30 @@
 """Sampling is lossless in law: the pipeline's first tokens follow exactly the target's distribution.
 
 Each configuration of `hippo.testing.sampling.LAW_CONFIGS` (chain and tree drafting, the serial and
-the parallel schedules, every adapter, top_k, top_p and the repetition penalty) is checked by
+the parallel schedules, pearl included, every adapter, top_k, top_p, the repetition penalty and γ
+from the cost model) is checked by
 `assert_sampling_exact` on a *peaked* law (a low temperature), with as many runs as it takes to
 detect any sampler whose law of the first tokens is at total variation 0.05 from the target's with
 probability >= 0.95, at a false-alarm level of 4e-5 per check (1e-3 for the whole suite). The
 numbers, and how they are computed: `python -m hippo.testing.power` (its module docstring).
-Every check also requires a round that accepted part of its draft.
+Every check also requires a drafting accepted in part (`reference.partial_drafts`, which follows a
+drafting across the chunks pearl and hippo verify it in).
 
-`GEN`, `prompt`, `law_of` and `tv_threshold` are the former flat-law setting (T=1.5, top_k=2, four
-tokens), still used by test_tree.py and test_auto_gamma.py.
+The other law checks, on the same machinery: test_tree.py (a planted sibling rule is caught),
+test_conversation.py (a conversation's second turn), test_planner.py (rounds and target-only steps).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
 from hippo.errors import ConfigError
 from hippo.testing import assert_sampling_exact
 from hippo.testing import models as hm
 from hippo.testing import reference as hr
-from hippo.testing.sampling import DEFAULTS, LAW_CONFIGS, config_law, generation, sampling_case
-
-# ---- the former flat-law setting (other modules import these) -------------------------------------
-TEMPERATURE, TOP_K, NEW = 1.5, 2, 4
-GEN = {"do_sample": True, "temperature": TEMPERATURE, "top_k": TOP_K, "max_new_tokens": NEW}
-DELTA = 1e-3
-
-
-def warpers() -> LogitsProcessorList:
-    return LogitsProcessorList([TemperatureLogitsWarper(TEMPERATURE), TopKLogitsWarper(TOP_K)])
-
-
-def tv_threshold(k: int, n: int, delta: float = DELTA) -> float:
-    return hr.tv_threshold(k, n, delta)
-
-
-def prompt(adapter: str) -> hm.Prompt:
-    target = hm.tiny(adapter)
-    unit, words = hm.pixel_unit(target), hm.text_ids(target)
-    return hm.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[10:13], words[20:22])
-
-
-_LAWS: dict[str, dict[tuple[int, ...], float]] = {}
-
-
-def law_of(adapter: str) -> dict[tuple[int, ...], float]:
-    if adapter not in _LAWS:
-        target = hm.tiny(adapter)
-        _LAWS[adapter] = hr.exact_law(target, prompt(adapter).inputs, NEW, warpers(), set(hm.eos_ids(target)))
-    return _LAWS[adapter]
-
+from hippo.testing.sampling import DEFAULTS, LAW_CONFIGS, config_check, config_law, generation, sampling_case
+from hippo.types import Stats
 
 # ---- the law checks -----------------------------------------------------------------------------------
 
@@ -106,17 +78,36 @@ def test_exact_law_is_what_generate_computes(name):
 def test_pipeline_samples_the_target_law(name):
     """`assert_sampling_exact` at its stated power: it raises on a law at TV 0.05 with probability
     >= 0.95; here the pipeline is exact, so it must pass (false alarm <= 4e-5)."""
-    cfg = LAW_CONFIGS[name]
-    scheduler, drafter = cfg.get("scheduler", "serial"), cfg.get("drafter", "chain")
-
-    def build(case):
-        return case.builder(scheduler, drafter=drafter)
-
-    res = assert_sampling_exact(
-        build, adapter=cfg.get("adapter"), executor=cfg.get("executor", "inline"), **_settings(cfg)
-    )
+    res = config_check(LAW_CONFIGS[name])
     print(res.summary())
     assert res.power >= 0.95 and res.runs == res.looks[-1] and res.partial_rounds > 0, res.summary()
+
+
+def test_partial_drafts_follow_a_drafting_across_its_chunks():
+    """The vacuity guard's count: draftings with some tokens accepted and some not. pearl
+    books x_1 alone and then x_2 (no bonus token between): one drafting accepted in part. A serial
+    round accepted whole ends with its bonus token: a rejection in the next round is a new drafting."""
+    chunks = Stats()
+    chunks.record_round(drafted=1, accepted=1, emitted=1, rejected=False)  # x_1, no bonus
+    chunks.record_round(drafted=1, accepted=0, emitted=1, rejected=True)  # x_2 rejected: residual
+    assert hr.partial_drafts(chunks) == 1  # though no round accepted part of its own tokens
+    assert not any(0 < a < g for a, g in zip(chunks.accepted_per_round, chunks.drafted_per_round))
+    serial = Stats()
+    serial.record_round(drafted=2, accepted=2, emitted=3, rejected=False)  # all accepted + bonus
+    serial.record_round(drafted=2, accepted=0, emitted=1, rejected=True)
+    serial.record_round(drafted=2, accepted=1, emitted=2, rejected=True)  # partial in itself
+    assert hr.partial_drafts(serial) == 1
+
+
+def test_a_check_without_partial_acceptance_is_vacuous():
+    """The target drafting for itself from the whole video, nothing corrupted: every drafting is
+    accepted whole, so the law check proves nothing about the rule after a rejection and says so."""
+    from hippo.testing.report import VacuousCheck
+
+    with pytest.raises(VacuousCheck, match="no drafting was accepted in part"):
+        assert_sampling_exact(
+            lambda case: case.builder("serial"), keep_ratio=1.0, corrupt=None, temperature=0.005, runs=8
+        )
 
 
 def test_a_law_too_flat_for_the_power_is_refused():
