@@ -95,7 +95,15 @@ class Pipeline:
         """
         self._check_inputs(inputs)
         return self._decode(
-            inputs, None, generation_config, seed, generator, streamer, progress, timeline, generation_kwargs
+            inputs,
+            None,
+            generation_config,
+            seed=seed,
+            generator=generator,
+            streamer=streamer,
+            progress=progress,
+            timeline=timeline,
+            **generation_kwargs,
         )
 
     def _check_inputs(self, inputs: dict[str, Any]) -> None:
@@ -118,13 +126,14 @@ class Pipeline:
         self,
         inputs: dict[str, Any],
         turn: Turn | None,
-        generation_config: GenerationConfig | None,
-        seed: int | None,
-        generator: torch.Generator | None,
-        streamer: Any,
-        progress: Callable[[str, str], None] | None,
-        timeline: bool,
-        generation_kwargs: dict[str, Any],
+        generation_config: GenerationConfig | None = None,
+        *,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        streamer: Any = None,
+        progress: Callable[[str, str], None] | None = None,
+        timeline: bool = False,
+        **generation_kwargs: Any,
     ) -> GenerateOutput:
         """One prompt through a DecodeJob and the scheduler (`turn`: from a video context's cache)."""
         ids = inputs["input_ids"]
@@ -166,33 +175,17 @@ class Pipeline:
             sequences=job.prefix()[None].to(ids.device), stats=job.stats, kept_visual_index=job.kept
         )
 
-    def generate_from_video(
-        self,
-        path: str | PathLike,
-        prompt: str,
-        *,
-        tokenizer: Any = None,
-        frames: int | None = None,
-        fps: float | None = None,
-        max_pixels: int | None = None,
-        progress: Callable[..., None] | None = None,
-        **generation_kwargs: Any,
-    ) -> GenerateOutput:
+    def generate_from_video(self, path: str | PathLike, prompt: str, **kwargs: Any) -> GenerateOutput:
         """Decode an answer to `prompt` about the video file at `path`.
 
-        `video_inputs(path, prompt, ...)` then `generate(inputs, **generation_kwargs)`. Decode the
-        answer with `tokenizer.decode(out.sequences[0, prompt_length:])`.
+        `video_inputs(path, prompt, ...)` with its options among `kwargs` (tokenizer, frames, fps,
+        max_pixels, progress), then `generate(inputs, ...)` with the rest. Decode the answer with
+        `tokenizer.decode(out.sequences[0, prompt_length:])`.
         """
-        inputs = self.video_inputs(
-            path,
-            prompt,
-            tokenizer=tokenizer,
-            frames=frames,
-            fps=fps,
-            max_pixels=max_pixels,
-            progress=progress,
-        )
-        return self.generate(inputs, progress=progress, **generation_kwargs)
+        video = {k: kwargs.pop(k) for k in ("tokenizer", "frames", "fps", "max_pixels") if k in kwargs}
+        progress = kwargs.pop("progress", None)
+        inputs = self.video_inputs(path, prompt, progress=progress, **video)
+        return self.generate(inputs, progress=progress, **kwargs)
 
     def video_inputs(
         self,
@@ -305,30 +298,14 @@ class Pipeline:
         ctx: VideoContext,
         question: Sequence[int] | torch.Tensor,  # [k] token ids after the prefix
         generation_config: GenerationConfig | None = None,
-        *,
-        seed: int | None = None,
-        generator: torch.Generator | None = None,
-        streamer: Any = None,
-        progress: Callable[[str, str], None] | None = None,
-        timeline: bool = False,
-        **generation_kwargs: Any,
+        **kwargs: Any,
     ) -> GenerateOutput:
-        """`ask` with the exact tokens that follow the cached prefix."""
+        """`ask` with the exact tokens that follow the cached prefix (`kwargs` as `generate`'s)."""
         if ctx.pipeline is not self:
             raise InputError("this video context was prepared by another pipeline; prepare it with this one")
         turn = Turn(ctx, as_ids(question))
         self._check_inputs(turn.inputs)
-        return self._decode(
-            turn.inputs,
-            turn,
-            generation_config,
-            seed,
-            generator,
-            streamer,
-            progress,
-            timeline,
-            generation_kwargs,
-        )
+        return self._decode(turn.inputs, turn, generation_config, **kwargs)
 
     def conversation(self, ctx: VideoContext) -> Conversation:
         """A multi-turn conversation about a prepared video (each answer sees the earlier turns)."""

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from hippo import hookimpl
 from hippo.accept import DraftProposal
-from hippo.interfaces import Drafter, ModelSession
-from hippo.sampling import TokenPolicy
+from hippo.interfaces import Drafter
 
 
 class ChainDrafter(Drafter):
     """x_i ~ q_i for i = 1..γ, feeding each token back; q is returned only when sampling."""
 
     def propose(
-        self,
-        session: ModelSession,
-        prefix: torch.Tensor,  # [T]
-        gamma: int,
-        policy: TokenPolicy,
-        should_stop: Callable[[], bool] | None = None,
-    ) -> DraftProposal:
+        self, session, prefix, gamma, policy, should_stop=None
+    ) -> DraftProposal:  # as Drafter.propose
         if gamma == 0:
             return DraftProposal(tokens=torch.zeros(0, dtype=torch.long))
         logits = session.sync(prefix)  # [V]

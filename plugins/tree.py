@@ -89,13 +89,8 @@ class TreeDrafter(Drafter):
                 raise ConfigError("tree: `paths` is empty; give at least one path or a `budget`")
 
     def propose(
-        self,
-        session: ModelSession,
-        prefix: torch.Tensor,  # [T]
-        gamma: int,
-        policy: TokenPolicy,
-        should_stop: Callable[[], bool] | None = None,
-    ) -> DraftProposal:
+        self, session, prefix, gamma, policy, should_stop=None
+    ) -> DraftProposal:  # as Drafter.propose
         depth = min(gamma, self.config.max_depth)
         tree = _TreeBuilder(session, prefix, policy)
         if depth > 0:

@@ -16,9 +16,8 @@ import torch
 
 import hippo
 from hippo.accept import DraftProposal
-from hippo.interfaces import Drafter, ModelSession
+from hippo.interfaces import Drafter
 from hippo.registry import lookup
-from hippo.sampling import TokenPolicy
 
 CORRUPTING = "hippo-testing-corrupting"
 PLUGIN_NAME = "hippo-testing-corrupting-drafter"
@@ -54,13 +53,8 @@ class CorruptingDrafter(Drafter):
         self.base = lookup("drafters", self.config.base)()
 
     def propose(
-        self,
-        session: ModelSession,
-        prefix: torch.Tensor,  # [T]
-        gamma: int,
-        policy: TokenPolicy,
-        should_stop: Callable[[], bool] | None = None,
-    ) -> DraftProposal:
+        self, session, prefix, gamma, policy, should_stop=None
+    ) -> DraftProposal:  # as Drafter.propose
         if should_stop is None:
             proposal = self.base.propose(session, prefix, gamma, policy)
         else:

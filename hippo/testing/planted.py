@@ -28,7 +28,6 @@ import torch
 
 import hippo
 from hippo.accept import DraftProposal, Verdict, residual
-from hippo.interfaces import ModelSession
 from hippo.plugins.drafters import ChainDrafter
 from hippo.plugins.verifiers import TreeVerifier
 from hippo.sampling import TokenPolicy
@@ -110,13 +109,8 @@ class DraftTemperature(ChainDrafter):
     factor = 4.0
 
     def propose(
-        self,
-        session: ModelSession,
-        prefix: torch.Tensor,  # [T]
-        gamma: int,
-        policy: TokenPolicy,
-        should_stop: Callable[[], bool] | None = None,
-    ) -> DraftProposal:
+        self, session, prefix, gamma, policy, should_stop=None
+    ) -> DraftProposal:  # as Drafter.propose
         if not policy.do_sample:
             return super().propose(session, prefix, gamma, policy, should_stop)
         hot = _HotPolicy(policy, self.factor)
