@@ -94,17 +94,10 @@ class Pipeline:
         work of both models on `stats.events` (`hippo.events`; drawn by `hippo.cli.timeline`).
         """
         self._check_inputs(inputs)
-        return self._decode(
-            inputs,
-            None,
-            generation_config,
-            seed=seed,
-            generator=generator,
-            streamer=streamer,
-            progress=progress,
-            timeline=timeline,
-            **generation_kwargs,
+        options = dict(
+            seed=seed, generator=generator, streamer=streamer, progress=progress, timeline=timeline
         )
+        return self._decode(inputs, None, generation_config, {**options, **generation_kwargs})
 
     def _check_inputs(self, inputs: dict[str, Any]) -> None:
         if self._closed:
@@ -126,16 +119,16 @@ class Pipeline:
         self,
         inputs: dict[str, Any],
         turn: Turn | None,
-        generation_config: GenerationConfig | None = None,
-        *,
-        seed: int | None = None,
-        generator: torch.Generator | None = None,
-        streamer: Any = None,
-        progress: Callable[[str, str], None] | None = None,
-        timeline: bool = False,
-        **generation_kwargs: Any,
+        generation_config: GenerationConfig | None,
+        kwargs: dict,
     ) -> GenerateOutput:
-        """One prompt through a DecodeJob and the scheduler (`turn`: from a video context's cache)."""
+        """One prompt through a DecodeJob and the scheduler (`turn`: from a video context's cache).
+
+        `kwargs`: `generate`'s keywords (seed, generator, streamer, progress, timeline) and settings."""
+        generation_kwargs = dict(kwargs)
+        seed, generator = generation_kwargs.pop("seed", None), generation_kwargs.pop("generator", None)
+        streamer, progress = generation_kwargs.pop("streamer", None), generation_kwargs.pop("progress", None)
+        timeline = generation_kwargs.pop("timeline", False)
         ids = inputs["input_ids"]
         prompt = ids[0].cpu()
         L = prompt.shape[0]
@@ -305,7 +298,7 @@ class Pipeline:
             raise InputError("this video context was prepared by another pipeline; prepare it with this one")
         turn = Turn(ctx, as_ids(question))
         self._check_inputs(turn.inputs)
-        return self._decode(turn.inputs, turn, generation_config, **kwargs)
+        return self._decode(turn.inputs, turn, generation_config, kwargs)
 
     def conversation(self, ctx: VideoContext) -> Conversation:
         """A multi-turn conversation about a prepared video (each answer sees the earlier turns)."""

@@ -12,7 +12,6 @@ from typing import Any
 import attrs
 import torch
 
-from hippo.errors import UnsupportedError
 from hippo.registry import lookup, registry
 
 DTYPE = torch.float64
@@ -61,12 +60,9 @@ def drafting_schedulers() -> list[str]:
     return [n for n in names("schedulers") if part_class("schedulers", n).needs_draft]
 
 
-def selector_scorer_pairs(adapter: str | None = None) -> list[tuple[str, str | None]]:
-    """Every selector, each scored one paired with every registered scorer.
-
-    With `adapter`, pairs that the adapter refuses with UnsupportedError are left out (see
-    `unsupported`).
-    """
+def selector_scorer_pairs() -> list[tuple[str, str | None]]:
+    """Every selector, each scored one paired with every registered scorer (see
+    `hippo.testing.reference.supported_pairs` for those an adapter runs)."""
     scorers = names("scorers")
     pairs: list[tuple[str, str | None]] = []
     for sel in names("selectors"):
@@ -74,8 +70,6 @@ def selector_scorer_pairs(adapter: str | None = None) -> list[tuple[str, str | N
             pairs.extend((sel, sc) for sc in scorers)
         else:
             pairs.append((sel, None))
-    if adapter is not None:
-        pairs = [(sel, sc) for sel, sc in pairs if unsupported(adapter, sel, sc) is None]
     return pairs
 
 
@@ -196,30 +190,3 @@ class Prompt:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(repr(self))
-
-
-# ---- combinations an adapter refuses -------------------------------------------------------------
-
-_REFUSED: dict[tuple[str, str, str | None], str | None] = {}
-
-
-def unsupported(adapter: str, selector: str, scorer: str | None) -> str | None:
-    """Why `adapter` refuses this selector/scorer pair (its UnsupportedError), or None if it runs.
-
-    Some parts cannot work with some backbones (e.g. an attention scorer needs attention hooks the
-    adapter may lack); hippo refuses those loudly, which is allowed, so they are not lossless cases.
-    """
-    from hippo.testing.reference import build_pipeline
-
-    key = (adapter, selector, scorer)
-    if key not in _REFUSED:
-        model = tiny(adapter)
-        unit = pixel_unit(model)
-        prompt = Prompt(adapter, model, (2, 2 * unit, 2 * unit), 0, [], [])
-        pipe = build_pipeline(model, model, selector=selector, scorer=scorer, gamma=1)
-        try:
-            pipe.generate(prompt.inputs, max_new_tokens=2, do_sample=False)
-            _REFUSED[key] = None
-        except UnsupportedError as exc:
-            _REFUSED[key] = str(exc)
-    return _REFUSED[key]

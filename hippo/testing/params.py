@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from hippo.testing.models import names, selector_scorer_pairs, tiny, unsupported
+from hippo.testing.models import names, selector_scorer_pairs, tiny
+from hippo.testing.reference import unsupported
 
 
 def adapter_params() -> list[Any]:

@@ -25,7 +25,7 @@ one runs all N. The power above is that of the last look alone (a lower bound).
 The suite's false-alarm rate per CI run is at most the sum of its law checks' levels: `SUITE_ALPHA`
 split over `SUITE_CHECKS` checks of exact pipelines (Bonferroni), `ALPHA` each.
 
-Run `python -m hippo.testing.power` for the numbers of the suite's configurations (it builds the
+Run `python -m hippo.testing.sampling` for the numbers of the suite's configurations (it builds the
 tiny models and enumerates each law: about a minute).
 Notation: N = runs, K = cells, ε = total-variation error, α = a check's false-alarm rate.
 """
@@ -176,57 +176,3 @@ def runs_for(
 def spread(probs: Sequence[float]) -> float:
     """max over sets A of P(A) (1 - P(A)): how balanced the law's hardest set is."""
     return max(((a := sum(probs[i] for i in s)) * (1 - a) for s in sets(len(probs))), default=0.0)
-
-
-# ---- the suite's numbers ------------------------------------------------------------------------
-
-
-def main() -> None:  # pragma: no cover - a report
-    from hippo.testing.sampling import (
-        DEFAULTS,
-        LAW_CONFIGS,
-        SECOND_TURN,
-        SWITCHING,
-        TREE_SETTINGS,
-        config_law,
-        sampling_case,
-        second_turn_law,
-        target_law,
-    )
-
-    print(
-        f"false alarms: {SUITE_ALPHA:g} per suite run over {SUITE_CHECKS} checks = alpha {ALPHA:.0e} per "
-        f"check (exact binomial tests, Bonferroni over sets of cells and {len(LOOKS)} looks)"
-    )
-    print(f"power: the worst case over every law at total variation {EPSILON} from the target's")
-    print(f"{'configuration':<48} {'K':>2} {'P(mode)':>7} {'spread':>6} {'N':>5} {'power':>6}")
-    configs = {f"default (hippo check --sampling, T={DEFAULTS['temperature']})": {}, **LAW_CONFIGS}
-    for name, cfg in configs.items():
-        law = config_law(cfg)
-        probs = cell_probs(law, cells(law))
-        n = runs_for(law)
-        print(
-            f"{name:<48} {len(probs):>2} {max(probs):>7.3f} {spread(probs):>6.3f} {n:>5} "
-            f"{power_of(law, n):>6.3f}"
-        )
-    others = {
-        f"conversation turn 2 ({SECOND_TURN['scheduler']}, cached context)": second_turn_law(),
-        "planner switching (serial, hippo; gamma=auto)": target_law(sampling_case(), **SWITCHING),
-    }
-    for name, law in others.items():
-        probs = cell_probs(law, cells(law))
-        n = runs_for(law)
-        print(
-            f"{name:<48} {len(probs):>2} {max(probs):>7.3f} {spread(probs):>6.3f} {n:>5} "
-            f"{power_of(law, n):>6.3f}"
-        )
-    law, n = config_law(TREE_SETTINGS), TREE_SETTINGS["runs"]
-    probs = cell_probs(law, cells(law))
-    print(
-        f"{'hippo check, tree parts, siblings tested (targeted)':<48} {len(probs):>2} {max(probs):>7.3f} "
-        f"{spread(probs):>6.3f} {n:>5} {power_of(law, n):>6.3f}"
-    )
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

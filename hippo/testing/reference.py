@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 import hippo
-from hippo.errors import ConfigError
-from hippo.testing.models import eos_ids, options_for
+from hippo.errors import ConfigError, UnsupportedError
+from hippo.testing.models import Prompt, eos_ids, options_for, pixel_unit, selector_scorer_pairs, tiny
 from hippo.types import GenerateOutput
 
 
@@ -246,3 +246,33 @@ def assert_same(out: GenerateOutput, ref: torch.Tensor, prompt_length: int) -> N
     got, want = new_tokens(out.sequences, prompt_length), new_tokens(ref, prompt_length)
     assert got == want, f"pipeline {got} != target.generate {want} (stats: {out.stats.as_dict()})"
     assert torch.equal(out.sequences.cpu(), ref.cpu())
+
+
+# ---- combinations an adapter refuses -------------------------------------------------------------
+
+_REFUSED: dict[tuple[str, str, str | None], str | None] = {}
+
+
+def unsupported(adapter: str, selector: str, scorer: str | None) -> str | None:
+    """Why `adapter` refuses this selector/scorer pair (its UnsupportedError), or None if it runs.
+
+    Some parts cannot work with some backbones (e.g. an attention scorer needs attention hooks the
+    adapter may lack); hippo refuses those loudly, which is allowed, so they are not lossless cases.
+    """
+    key = (adapter, selector, scorer)
+    if key not in _REFUSED:
+        model = tiny(adapter)
+        unit = pixel_unit(model)
+        prompt = Prompt(adapter, model, (2, 2 * unit, 2 * unit), 0, [], [])
+        pipe = build_pipeline(model, model, selector=selector, scorer=scorer, gamma=1)
+        try:
+            pipe.generate(prompt.inputs, max_new_tokens=2, do_sample=False)
+            _REFUSED[key] = None
+        except UnsupportedError as exc:
+            _REFUSED[key] = str(exc)
+    return _REFUSED[key]
+
+
+def supported_pairs(adapter: str) -> list[tuple[str, str | None]]:
+    """`selector_scorer_pairs()` without the pairs `adapter` refuses (see `unsupported`)."""
+    return [(sel, sc) for sel, sc in selector_scorer_pairs() if unsupported(adapter, sel, sc) is None]

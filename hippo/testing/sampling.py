@@ -371,7 +371,7 @@ class LawCheck:
             raise VacuousCheck(f"no drafting was accepted in part: {self.result.summary()}")
 
 
-# ---- the suite's law checks (tests/lossless/test_sampling.py; `python -m hippo.testing.power`) ------
+# ---- the suite's law checks (tests/lossless/test_sampling.py; `python -m hippo.testing.sampling`) ------
 
 #: name -> settings: chain and tree, serial and parallel schedules (`pearl` too), every adapter, top_p
 #: and the repetition penalty, γ from the cost model; each on a peaked law (its temperature) so that N
@@ -537,3 +537,46 @@ __all__ = [
     "second_turn_prompts",
     "target_law",
 ]
+
+
+# ---- the suite's numbers: `python -m hippo.testing.sampling` ------------------------------------
+
+
+def power_table() -> None:  # pragma: no cover - a report
+    """Print each law check of the suite with its cells, N and power against a TV error of EPSILON."""
+    print(
+        f"false alarms: {pw.SUITE_ALPHA:g} per suite run over {pw.SUITE_CHECKS} checks = alpha {pw.ALPHA:.0e} per "
+        f"check (exact binomial tests, Bonferroni over sets of cells and {len(pw.LOOKS)} looks)"
+    )
+    print(f"power: the worst case over every law at total variation {pw.EPSILON} from the target's")
+    print(f"{'configuration':<48} {'K':>2} {'P(mode)':>7} {'spread':>6} {'N':>5} {'power':>6}")
+    configs = {f"default (hippo check --sampling, T={DEFAULTS['temperature']})": {}, **LAW_CONFIGS}
+    for name, cfg in configs.items():
+        law = config_law(cfg)
+        probs = pw.cell_probs(law, pw.cells(law))
+        n = pw.runs_for(law)
+        print(
+            f"{name:<48} {len(probs):>2} {max(probs):>7.3f} {pw.spread(probs):>6.3f} {n:>5} "
+            f"{pw.power_of(law, n):>6.3f}"
+        )
+    others = {
+        f"conversation turn 2 ({SECOND_TURN['scheduler']}, cached context)": second_turn_law(),
+        "planner switching (serial, hippo; gamma=auto)": target_law(sampling_case(), **SWITCHING),
+    }
+    for name, law in others.items():
+        probs = pw.cell_probs(law, pw.cells(law))
+        n = pw.runs_for(law)
+        print(
+            f"{name:<48} {len(probs):>2} {max(probs):>7.3f} {pw.spread(probs):>6.3f} {n:>5} "
+            f"{pw.power_of(law, n):>6.3f}"
+        )
+    law, n = config_law(TREE_SETTINGS), TREE_SETTINGS["runs"]
+    probs = pw.cell_probs(law, pw.cells(law))
+    print(
+        f"{'hippo check, tree parts, siblings tested (targeted)':<48} {len(probs):>2} {max(probs):>7.3f} "
+        f"{pw.spread(probs):>6.3f} {n:>5} {pw.power_of(law, n):>6.3f}"
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    power_table()

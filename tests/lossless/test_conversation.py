@@ -36,7 +36,7 @@ def test_questions_equal_target_generate(adapter):
         examples=hs.examples(0.25),
         draws={
             "scheduler": st.sampled_from(SCHEDULERS),
-            "selector, scorer": st.sampled_from(hm.selector_scorer_pairs(adapter)),
+            "selector, scorer": st.sampled_from(hr.supported_pairs(adapter)),
         },
     )
     assert ran >= 1
@@ -64,7 +64,7 @@ def test_second_turn_samples_the_target_law():
     """Turn 2 of a conversation (turn 1 answered greedily), sampled from one cached context: the
     law of its first tokens is the target's exact law on the whole turn-2 prompt, checked with the
     law test's power (`LawCheck`: runs for power >= 0.95 against a TV error of 0.05, level 4e-5;
-    `python -m hippo.testing.power` lists it). The target drafts for itself from half the video and
+    `python -m hippo.testing.sampling` lists it). The target drafts for itself from half the video and
     each drafting's second token is replaced by q's second choice, so draftings are accepted in
     part (the vacuity guard)."""
     case, answer, second = second_turn_prompts()

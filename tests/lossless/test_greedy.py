@@ -63,7 +63,7 @@ def test_pipeline_equals_target_generate(adapter, scheduler):
         adapters=[adapter],
         examples=hs.examples(1.0),
         executors=("inline", "thread"),
-        draws={"selector, scorer": st.sampled_from(hm.selector_scorer_pairs(adapter)), "verifier": verifiers},
+        draws={"selector, scorer": st.sampled_from(hr.supported_pairs(adapter)), "verifier": verifiers},
         on_output=lambda case, out: check_rounds(out),
     )
 
@@ -89,9 +89,7 @@ def test_self_speculation_and_interleaved_hf_generate(adapter, corrupting_drafte
             data.draw(eos_picks, label="EOS pick B"),
         )
         ref_a = hr.reference(target, a.inputs, **gen_a)  # HF last ran on B: its state is B's
-        selector, scorer = data.draw(
-            st.sampled_from(hm.selector_scorer_pairs(adapter)), label="selector, scorer"
-        )
+        selector, scorer = data.draw(st.sampled_from(hr.supported_pairs(adapter)), label="selector, scorer")
         wrong = data.draw(st.none() | hs.corrupt_patterns, label="corrupted positions")
         pipe = hr.build_pipeline(
             target,
@@ -166,7 +164,7 @@ def test_keeping_every_visual_token(adapter, data):
     """keep_ratio=1 (or a keep-all selector) with the target as its own draft: the draft's prefill is
     the target's, so every draft token is accepted, and the output is still the target's. The
     selector/scorer pair is drawn (each pair about twice per run with the ci profile)."""
-    pairs = hm.selector_scorer_pairs(adapter)
+    pairs = hr.supported_pairs(adapter)
     selector, scorer = data.draw(st.sampled_from(pairs), label="selector, scorer")
     target = hm.tiny(adapter, "target", data.draw(hs.model_seeds, label="model seed"))
     prompt = data.draw(hs.prompts(adapter, target), label="prompt")

@@ -21,6 +21,7 @@ from hippo.packed import PackedLinears, PackedSessions, available
 from hippo.testing import assert_greedy_lossless
 from hippo.testing import models as hm
 from hippo.testing import params as hp
+from hippo.testing import reference as hr
 from hippo.testing import strategies as hs
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN packed linear")
@@ -120,7 +121,7 @@ def test_packed_pipelines_in_the_harness(adapter):
         dtypes=("float32",),
         draws={
             "scheduler": st.sampled_from(SCHEDULERS),
-            "selector, scorer": st.sampled_from(hm.selector_scorer_pairs(adapter)),
+            "selector, scorer": st.sampled_from(hr.supported_pairs(adapter)),
             "packed roles": st.sampled_from([("target",), ("target", "draft")]),
         },
         on_output=used,

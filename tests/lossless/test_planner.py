@@ -414,7 +414,7 @@ def test_switching_samples_the_target_law(scheduler):
     4e-5, on a peaked law). Every drafting's first token is corrupted, so none is accepted in part (no
     vacuity guard); at least a quarter of the runs must mix rounds and target-only steps instead."""
     case = sampling_case(ADAPTER, gamma="auto", keep_ratio=0.25, corrupt=(True,))
-    check = LawCheck.plan(target_law(case, **SWITCHING))  # `python -m hippo.testing.power` lists it
+    check = LawCheck.plan(target_law(case, **SWITCHING))  # `python -m hippo.testing.sampling` lists it
     gen = generation(SWITCHING["temperature"], SWITCHING["top_k"], None, None, case.max_new_tokens)
     mixed = 0
     with corrupting_plugin():

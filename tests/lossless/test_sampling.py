@@ -6,7 +6,7 @@ from the cost model) is checked by
 `assert_sampling_exact` on a *peaked* law (a low temperature), with as many runs as it takes to
 detect any sampler whose law of the first tokens is at total variation 0.05 from the target's with
 probability >= 0.95, at a false-alarm level of 4e-5 per check (1e-3 for the whole suite). The
-numbers, and how they are computed: `python -m hippo.testing.power` (its module docstring).
+numbers, and how they are computed: `python -m hippo.testing.sampling` (its module docstring).
 Every check also requires a drafting accepted in part (`reference.partial_drafts`, which follows a
 drafting across the chunks pearl and hippo verify it in).
 
