@@ -12,6 +12,7 @@ import torch
 from transformers import GenerationConfig
 
 from hippo.batch import Record, Result, map_records
+from hippo.batched import generate_rows
 from hippo.context import Turn, VideoContext, build_context
 from hippo.conversation import Conversation, Question, as_ids, text_question_ids
 from hippo.errors import ConfigError, InputError
@@ -97,6 +98,28 @@ class Pipeline:
         return self._decode(
             inputs, None, generation_config, seed, generator, streamer, progress, timeline, generation_kwargs
         )
+
+    def generate_batch(
+        self,
+        inputs: Sequence[dict[str, Any]],
+        generation_config: GenerationConfig | None = None,
+        *,
+        seeds: Sequence[int | None] | None = None,
+        per_row: Sequence[dict[str, Any]] | None = None,
+        **generation_kwargs: Any,
+    ) -> list[GenerateOutput]:
+        """Decode many prompts together (`hippo.batched`): one output per row, each with its own stats,
+        each what `generate` returns for that row alone. `inputs`: one processor output per row (each
+        of batch size 1); `seeds`: one per row; `per_row`: one dict of generation settings per row,
+        over `generation_kwargs`. Runs the `serial` (fixed γ) or `autoregressive` schedule; others
+        raise UnsupportedError (decode those rows one by one with `generate`)."""
+        for x in inputs:
+            self._check_inputs(x)
+        rows = per_row if per_row is not None else [{}] * len(inputs)
+        if len(rows) != len(inputs):
+            raise InputError(f"{len(inputs)} rows of inputs but {len(rows)} per_row settings")
+        gen = [{**generation_kwargs, **r} for r in rows]
+        return generate_rows(self, list(inputs), gen, seeds, generation_config)
 
     def _check_inputs(self, inputs: dict[str, Any]) -> None:
         if self._closed:
@@ -241,7 +264,8 @@ class Pipeline:
         `do_sample`, `temperature`, `top_p`, `top_k`, `seed`, which override the arguments given
         here. `window` records (default 4 x `batch_size`) are read ahead, their inputs built and
         sorted by prompt length (visual tokens included), and cut into batches of `batch_size`
-        similar lengths. Rows are decoded one after another today, each exactly as `generate`
+        similar lengths. Greedy rows of a batch are decoded together when the schedule has a
+        batched form (`generate_batch`), the others one after another; each exactly as `generate`
         decodes it alone. A record that cannot be answered yields a Result with `error`, the
         one-line message of its HippoError, and the others go on. `tokenizer` (default: the target
         checkpoint's) builds the inputs of video records and decodes `Result.text`.
