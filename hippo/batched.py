@@ -39,7 +39,7 @@ from hippo.errors import InputError, UnsupportedError
 from hippo.job import DecodeJob
 from hippo.packed import MAX_ROWS, PackedLinears, PackedSessions
 from hippo.registry import lookup
-from hippo.sampling import TokenPolicy, make_generator, resolve_generation_config
+from hippo.sampling import TokenPolicy, make_generator
 from hippo.session import KVSession
 from hippo.types import GenerateOutput
 
@@ -75,7 +75,7 @@ class BatchedCache:
         self.slots: list[list[int]] = [[] for _ in sessions]
         sizes = [s.cache_len() for s in sessions]
         S = max(sizes)
-        self.cache = first.cache  # its layer objects get the stacked tensors
+        self.cache = first.cache  # its layer objects get the stacked tensors (the sessions are spent)
         for i, layer in enumerate(self.cache.layers):
             if type(layer).__name__ != "DynamicLayer":
                 raise UnsupportedError(
@@ -102,14 +102,16 @@ class BatchedCache:
 
     @torch.inference_mode()
     def forward(self, blocks: Sequence[Sequence[int]]) -> torch.Tensor:  # -> logits [B, W, V]
-        """Feed row b the tokens `blocks[b]` (at least one per row) at its next logical positions.
-
-        Column i of row b's logits follows its token i; columns past `len(blocks[b])` are dummies.
+        """Feed row b the tokens `blocks[b]` at its next logical positions (an empty block: the row
+        only carries dummies this time). Column i of row b's logits follows its token i; columns
+        from `len(blocks[b])` on are dummies, masked from every real token and invalid afterwards.
         """
         t0 = time.perf_counter()
         B, S = self.rows, self.size
         widths = [len(b) for b in blocks]
         W = max(widths)
+        if len(blocks) != B or W == 0:
+            raise ValueError(f"forward needs one block per row ({B}) and some token, got widths {widths}")
         ids = torch.zeros(B, W, dtype=torch.long)
         for b, toks in enumerate(blocks):
             ids[b, : len(toks)] = torch.as_tensor(list(toks), dtype=torch.long)
@@ -254,18 +256,7 @@ def row_job(
     generation_kwargs: dict[str, Any] | None = None,
 ) -> DecodeJob:
     """The job `Pipeline.generate` would run for `inputs`, on parts whose sessions stay plain."""
-    prompt = inputs["input_ids"][0].cpu()
-    L = prompt.shape[0]
-    ctx = pipe.target_adapter.context_length()
-    if L >= ctx:
-        raise InputError(
-            f"the prompt has {L} tokens but the target's context is {ctx}; use fewer frames or a "
-            "lower resolution (max_pixels)"
-        )
-    gc = resolve_generation_config(pipe.target, generation_config, dict(generation_kwargs or {}))
-    max_new = gc.max_new_tokens if gc.max_new_tokens is not None else gc.max_length - L
-    eos = gc.eos_token_id
-    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    prompt, gc, max_new, eos = pipe._settings(inputs, generation_config, dict(generation_kwargs or {}))
     policy = TokenPolicy.for_model(pipe.target, gc, prompt, make_generator(seed, generator))
     job = DecodeJob(_Plain(pipe), inputs, prompt, policy, pipe._verifier_for(gc.do_sample), max_new, eos)
     job.stats.scheduler = pipe.names.get("scheduler", type(pipe.scheduler).__name__)

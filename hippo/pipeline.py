@@ -151,18 +151,7 @@ class Pipeline:
     ) -> GenerateOutput:
         """One prompt through a DecodeJob and the scheduler (`turn`: from a video context's cache)."""
         ids = inputs["input_ids"]
-        prompt = ids[0].cpu()
-        L = prompt.shape[0]
-        ctx = self.target_adapter.context_length()
-        if L >= ctx:
-            raise InputError(
-                f"the prompt has {L} tokens but the target's context is {ctx}; use fewer frames or a "
-                "lower resolution (max_pixels)"
-            )
-        gc = resolve_generation_config(self.target, generation_config, generation_kwargs)
-        max_new = gc.max_new_tokens if gc.max_new_tokens is not None else gc.max_length - L
-        eos = gc.eos_token_id
-        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        prompt, gc, max_new, eos = self._settings(inputs, generation_config, generation_kwargs)
         gen = make_generator(seed, generator)
         policy = TokenPolicy.for_model(self.target, gc, prompt, gen)
         if streamer is not None:
@@ -188,6 +177,27 @@ class Pipeline:
         return GenerateOutput(
             sequences=job.prefix()[None].to(ids.device), stats=job.stats, kept_visual_index=job.kept
         )
+
+    def _settings(
+        self,
+        inputs: dict[str, Any],
+        generation_config: GenerationConfig | None,
+        generation_kwargs: dict[str, Any],
+    ) -> tuple[torch.Tensor, GenerationConfig, int, list[int]]:
+        """The prompt [L], the resolved generation config, the token budget and the EOS ids."""
+        prompt = inputs["input_ids"][0].cpu()
+        L = prompt.shape[0]
+        ctx = self.target_adapter.context_length()
+        if L >= ctx:
+            raise InputError(
+                f"the prompt has {L} tokens but the target's context is {ctx}; use fewer frames or a "
+                "lower resolution (max_pixels)"
+            )
+        gc = resolve_generation_config(self.target, generation_config, generation_kwargs)
+        max_new = gc.max_new_tokens if gc.max_new_tokens is not None else gc.max_length - L
+        eos = gc.eos_token_id
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        return prompt, gc, max_new, eos
 
     def generate_from_video(
         self,
