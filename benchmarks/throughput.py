@@ -5,7 +5,8 @@ and hippo's batched serial speculative decoding, side by side in one run, on the
     python -m hippo_benchmarks.throughput --batches 1 2 4 8 --max-new-tokens 128
 
 Each cell is the median over repeats of (new tokens of the batch) / (wall seconds of the whole call:
-vision encoding, prefills, decoding), after one untimed warm-up call. Rows are fixed-length (`min_new_tokens` = `max_new_tokens`:
+vision encoding, prefills, decoding), after one untimed warm-up call; in brackets the decode phase:
+(new tokens - one per row) / (that median - the median of the same call with max_new_tokens=1). Rows are fixed-length (`min_new_tokens` = `max_new_tokens`:
 EOS is suppressed, as serving benchmarks do) unless `--natural`, so every method decodes the same
 number of tokens per row. The prompts are the bench's narration clips (`bench.narrate_workload`),
 batch b taking the first b clips. Each hippo row is checked against the same row decoded alone by
@@ -78,34 +79,38 @@ def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, nat
         pad_id = eos[0] if isinstance(eos, list) else eos
     with torch.inference_mode():  # each row alone: what every batched row must equal
         alone = [w.target.generate(**x, **gen)[0, x["input_ids"].shape[1] :].tolist() for x in w.inputs]
+    first = {**gen, "max_new_tokens": 1, "min_new_tokens": 0}  # to the first token: vision + prefill
     table: dict[str, dict[int, dict]] = {}
 
-    def cell(name: str, b: int, call: Callable[[], list[list[int]]]) -> None:
-        rows, times = timed(call, repeats)
+    def cell(name: str, b: int, call: Callable[[dict], list[list[int]]]) -> None:
+        call(first)  # untimed warm-up (allocator, packed weights)
+        rows, times = timed(lambda: call(gen), repeats)
+        _, firsts = timed(lambda: call(first), repeats)
         tokens = sum(len(r) for r in rows)
         differ = sum(r != a for r, a in zip(rows, alone[:b]))
-        med = statistics.median(times)
+        med, med1 = statistics.median(times), statistics.median(firsts)
+        decode = (tokens - b) / (med - med1) if med > med1 else float("nan")
         table.setdefault(name, {})[b] = {
             "tokens": tokens,
             "seconds": times,
+            "seconds_first": firsts,
             "tok_s": tokens / med,
+            "decode_tok_s": decode,
             "differ": differ,
         }
-        print(f"  {name:45s} batch {b}: {tokens / med:7.1f} tok/s ({tokens} tokens, {med:.2f} s; "
-              f"{differ} rows differ from generate alone)", flush=True)  # fmt: skip
+        print(f"  {name:42s} batch {b}: {tokens / med:7.1f} tok/s, decode {decode:7.1f} tok/s ({tokens} tokens, "
+              f"{med:.2f} s, first token {med1:.2f} s; {differ} rows differ from generate alone)", flush=True)  # fmt: skip
 
     for b in batches:
         xs = w.inputs[:b]
         padded = pad_batch(xs, pad_id)
         L = padded["input_ids"].shape[1]
 
-        def hf(padded=padded, L=L):
+        def hf(g: dict, padded=padded, L=L) -> list[list[int]]:
             with torch.inference_mode():
-                out = w.target.generate(**padded, **gen, pad_token_id=pad_id)
-            seqs = out[:, L:].tolist()
-            return [s[: _length(s, w.target, max_new_tokens)] for s in seqs]
+                out = w.target.generate(**padded, **g, pad_token_id=pad_id)
+            return [s[: _length(s, w.target, g["max_new_tokens"])] for s in out[:, L:].tolist()]
 
-        hf()  # untimed warm-up of every method at this batch size (allocator, packed weights)
         cell("HF generate, batched (left-padded)", b, hf)
         for name, scheduler, options, parts in HIPPO_ROWS:
             builder = hippo.PipelineBuilder().target(w.target)
@@ -116,11 +121,10 @@ def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, nat
                 )
             pipe = builder.scheduler(scheduler, **options).build()
 
-            def ours(pipe=pipe, xs=xs):
-                outs = pipe.generate_batch(xs, **gen)
+            def ours(g: dict, pipe=pipe, xs=xs) -> list[list[int]]:
+                outs = pipe.generate_batch(xs, **g)
                 return [o.sequences[0, x["input_ids"].shape[1] :].tolist() for o, x in zip(outs, xs)]
 
-            ours()
             cell(name, b, ours)
             pipe.close()
     return table
@@ -137,10 +141,12 @@ def _length(seq: list[int], model: Any, max_new: int) -> int:
 
 
 def markdown(table: dict, batches: list[int]) -> str:
-    head = "| method | " + " | ".join(f"batch {b} tok/s" for b in batches) + " |"
-    lines = [head, "|---" * (len(batches) + 1) + "|"]
+    """Tokens/s of the whole call, and of the decode phase (after the first token), per batch size."""
+    cols = [f"batch {b} tok/s (decode)" for b in batches]
+    lines = ["| method | " + " | ".join(cols) + " |", "|---" * (len(batches) + 1) + "|"]
     for name, cells in table.items():
-        lines.append(f"| {name} | " + " | ".join(f"{cells[b]['tok_s']:.1f}" for b in batches) + " |")
+        vals = [f"{cells[b]['tok_s']:.1f} ({cells[b]['decode_tok_s']:.1f})" for b in batches]
+        lines.append(f"| {name} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
 
 
