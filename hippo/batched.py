@@ -18,10 +18,19 @@ with a per-row validity mask of the slots, and every later forward runs all live
 - a finished row leaves the batch at once (`index_select` on the batch dimension), so it stops
   costing compute.
 
+Ragged rows are padded (as BASS pads), not flattened into one sequence of all rows' tokens (as
+vLLM feeds its rejection sampler): flattening needs a variable-length attention kernel over paged
+caches, while padding keeps the backbone's own transformers forward, which every adapter's
+exactness already rests on; the padding costs little because a round feeds at most γ + 1 tokens per
+row and `Pipeline.map` groups rows of similar prompt lengths.
+
 Acceptance, emission and bookkeeping are the batch-1 ones, row by row: each row's scores go through
 its own `TokenPolicy` (`hippo.accept.process_rows`), its verifier decides, and `DecodeJob.emit` keeps
 the EOS and token-budget rules. So each row's answer is its own batch-1 answer: `target.generate`'s,
 greedy; the same draws from the row's generator as batch 1 when sampling.
+
+The target's packed linear weights (`hippo.packed`) serve the batched forwards; static-cache
+compiled sessions (`hippo.static`) do not: a batch runs on dynamic caches.
 """
 
 from __future__ import annotations
