@@ -238,3 +238,24 @@ def test_map_decodes_greedy_rows_together_and_sampled_rows_alone():
             assert (
                 r.token_ids == hr.reference(target, p.inputs, do_sample=False, **gen)[0, p.length :].tolist()
             )
+
+
+def test_map_gives_a_bad_row_of_a_batch_its_own_error():
+    """A row whose settings `generate` refuses gets its one-line error; the others of its batch are
+    still decoded together and answered."""
+    from hippo.batch import Record
+
+    target = hm.tiny("qwen2_5_vl", "target")
+    prompts = fixed_prompts("qwen2_5_vl", target)
+    pipe = hr.build_pipeline(target, hm.tiny("qwen2_5_vl", "draft"), gamma=3)
+    records = [
+        Record("a", inputs=prompts[0].inputs, generation={"max_new_tokens": 5}),
+        Record("b", inputs=prompts[1].inputs, generation={"num_beams": 2}),
+        Record("c", inputs=prompts[2].inputs, generation={"max_new_tokens": 6}),
+    ]
+    got = {r.id: r for r in pipe.map(records, batch_size=3, do_sample=False)}
+    assert not got["b"].ok and "num_beams" in got["b"].error
+    for rid, p, n in (("a", prompts[0], 5), ("c", prompts[2], 6)):
+        assert any("batch of 2" in note for note in got[rid].stats.notes)
+        want = hr.reference(target, p.inputs, do_sample=False, max_new_tokens=n)[0, p.length :].tolist()
+        assert got[rid].token_ids == want
