@@ -5,7 +5,8 @@ A record is one question about one video (a video file and a prompt, or processo
 built) with its own generation settings. `Pipeline.map` reads `window` records ahead, builds their
 inputs, sorts them by prompt length (visual tokens included, so mostly by video length) and hands
 them on in batches of up to `batch_size` similar lengths, so that a batched engine pads little.
-Rows are decoded one after another today, each through `Pipeline.generate`: every answer is exactly
+Greedy rows of a batch are decoded together when the pipeline's schedule has a batched form
+(`hippo.batched`), the others one after another through `Pipeline.generate`: every answer is exactly
 what `generate` returns for that record alone.
 
 A record that cannot be answered (a missing or bad field, a duplicate id, a missing or corrupt
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 import attrs
 
 from hippo.errors import ConfigError, HippoError, InputError, one_line
+from hippo.sampling import resolve_generation_config
 from hippo.types import Stats
 
 #: a record's id: a string or an integer, compared as given ("1" and 1 are two ids)
@@ -295,9 +297,25 @@ def _decode_window(pipe: Any, ready: list[_Ready], batch_size: int, tok: _Tokeni
 
 
 def decode_batch(pipe: Any, batch: list[_Ready], tokenizer: Any) -> Iterator[Result]:
-    """The answers to one batch of similar lengths. Rows are decoded one after another today, each
-    through `Pipeline.generate`; a batched engine takes the whole batch here."""
+    """The answers to one batch of similar lengths. Greedy rows are decoded together when the
+    pipeline's schedule has a batched form (`hippo.batched`: `serial` with a fixed γ, or
+    `autoregressive`); the other rows, and every row when a batched run fails with a HippoError,
+    one after another through `Pipeline.generate`. Each answer is what `generate` returns alone."""
+    together = _batchable(pipe, batch)
+    if together:
+        gens = [dict(row.generation) for row in together]
+        seeds = [gen.pop("seed", None) for gen in gens]
+        try:
+            outs = pipe.generate_batch([row.inputs for row in together], seeds=seeds, per_row=gens)
+        except HippoError:
+            together = []  # one by one: each row gets its own answer or its own error
+        else:
+            for row, out in zip(together, outs):
+                yield _result(row, out, tokenizer)
+    done = {id(row) for row in together}
     for row in batch:
+        if id(row) in done:
+            continue
         gen = dict(row.generation)
         seed = gen.pop("seed", None)
         try:
@@ -305,6 +323,27 @@ def decode_batch(pipe: Any, batch: list[_Ready], tokenizer: Any) -> Iterator[Res
         except HippoError as exc:
             yield failed(row.id, exc)
             continue
-        new = out.sequences[0, row.length :].tolist()
-        text = None if tokenizer is None else tokenizer.decode(new, skip_special_tokens=True)
-        yield Result(row.id, token_ids=new, text=text, prompt_tokens=row.length, stats=out.stats)
+        yield _result(row, out, tokenizer)
+
+
+def _batchable(pipe: Any, batch: list[_Ready]) -> list[_Ready]:
+    """The rows of `batch` to decode together: the greedy ones, when there are two or more and the
+    pipeline's schedule has a batched form."""
+    if len(batch) < 2 or not pipe.can_batch():
+        return []
+    rows = []
+    for row in batch:
+        gen = {k: v for k, v in row.generation.items() if k != "seed"}
+        try:
+            greedy = not resolve_generation_config(pipe.target, None, gen).do_sample
+        except HippoError:
+            greedy = False  # generate reports the error
+        if greedy:
+            rows.append(row)
+    return rows if len(rows) >= 2 else []
+
+
+def _result(row: _Ready, out: Any, tokenizer: Any) -> Result:
+    new = out.sequences[0, row.length :].tolist()
+    text = None if tokenizer is None else tokenizer.decode(new, skip_special_tokens=True)
+    return Result(row.id, token_ids=new, text=text, prompt_tokens=row.length, stats=out.stats)

@@ -12,6 +12,7 @@ import torch
 from transformers import GenerationConfig
 
 from hippo.batch import Record, Result, map_records
+from hippo.batched import batch_gamma, generate_rows
 from hippo.context import Turn, VideoContext, build_context
 from hippo.conversation import Conversation, Question, as_ids, text_question_ids
 from hippo.errors import ConfigError, InputError
@@ -99,6 +100,32 @@ class Pipeline:
         )
         return self._decode(inputs, None, generation_config, {**options, **generation_kwargs})
 
+    def generate_batch(
+        self,
+        inputs: Sequence[dict[str, Any]],
+        generation_config: GenerationConfig | None = None,
+        *,
+        seeds: Sequence[int | None] | None = None,
+        per_row: Sequence[dict[str, Any]] | None = None,
+        **generation_kwargs: Any,
+    ) -> list[GenerateOutput]:
+        """Decode many prompts together (`hippo.batched`): one output per row, each with its own stats,
+        each what `generate` returns for that row alone. `inputs`: one processor output per row (each
+        of batch size 1); `seeds`: one per row; `per_row`: one dict of generation settings per row,
+        over `generation_kwargs`. Runs the `serial` (fixed γ) or `autoregressive` schedule; others
+        raise UnsupportedError (decode those rows one by one with `generate`)."""
+        for x in inputs:
+            self._check_inputs(x)
+        rows = per_row if per_row is not None else [{}] * len(inputs)
+        if len(rows) != len(inputs):
+            raise InputError(f"{len(inputs)} rows of inputs but {len(rows)} per_row settings")
+        gen = [{**generation_kwargs, **r} for r in rows]
+        return generate_rows(self, list(inputs), gen, seeds, generation_config)
+
+    def can_batch(self) -> bool:
+        """Whether `generate_batch` can decode rows together with this pipeline's schedule."""
+        return batch_gamma(self) is not None
+
     def _check_inputs(self, inputs: dict[str, Any]) -> None:
         if self._closed:
             raise InputError("this pipeline is closed; build a new one")
@@ -130,18 +157,7 @@ class Pipeline:
         streamer, progress = generation_kwargs.pop("streamer", None), generation_kwargs.pop("progress", None)
         timeline = generation_kwargs.pop("timeline", False)
         ids = inputs["input_ids"]
-        prompt = ids[0].cpu()
-        L = prompt.shape[0]
-        ctx = self.target_adapter.context_length()
-        if L >= ctx:
-            raise InputError(
-                f"the prompt has {L} tokens but the target's context is {ctx}; use fewer frames or a "
-                "lower resolution (max_pixels)"
-            )
-        gc = resolve_generation_config(self.target, generation_config, generation_kwargs)
-        max_new = gc.max_new_tokens if gc.max_new_tokens is not None else gc.max_length - L
-        eos = gc.eos_token_id
-        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        prompt, gc, max_new, eos = self._settings(inputs, generation_config, generation_kwargs)
         gen = make_generator(seed, generator)
         policy = TokenPolicy.for_model(self.target, gc, prompt, gen)
         if streamer is not None:
@@ -167,6 +183,27 @@ class Pipeline:
         return GenerateOutput(
             sequences=job.prefix()[None].to(ids.device), stats=job.stats, kept_visual_index=job.kept
         )
+
+    def _settings(
+        self,
+        inputs: dict[str, Any],
+        generation_config: GenerationConfig | None,
+        generation_kwargs: dict[str, Any],
+    ) -> tuple[torch.Tensor, GenerationConfig, int, list[int]]:
+        """The prompt [L], the resolved generation config, the token budget and the EOS ids."""
+        prompt = inputs["input_ids"][0].cpu()
+        L = prompt.shape[0]
+        ctx = self.target_adapter.context_length()
+        if L >= ctx:
+            raise InputError(
+                f"the prompt has {L} tokens but the target's context is {ctx}; use fewer frames or a "
+                "lower resolution (max_pixels)"
+            )
+        gc = resolve_generation_config(self.target, generation_config, generation_kwargs)
+        max_new = gc.max_new_tokens if gc.max_new_tokens is not None else gc.max_length - L
+        eos = gc.eos_token_id
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        return prompt, gc, max_new, eos
 
     def generate_from_video(self, path: str | PathLike, prompt: str, **kwargs: Any) -> GenerateOutput:
         """Decode an answer to `prompt` about the video file at `path`.
@@ -227,7 +264,8 @@ class Pipeline:
         `do_sample`, `temperature`, `top_p`, `top_k`, `seed`, which override the arguments given
         here. `window` records (default 4 x `batch_size`) are read ahead, their inputs built and
         sorted by prompt length (visual tokens included), and cut into batches of `batch_size`
-        similar lengths. Rows are decoded one after another today, each exactly as `generate`
+        similar lengths. Greedy rows of a batch are decoded together when the schedule has a
+        batched form (`generate_batch`), the others one after another; each exactly as `generate`
         decodes it alone. A record that cannot be answered yields a Result with `error`, the
         one-line message of its HippoError, and the others go on. `tokenizer` (default: the target
         checkpoint's) builds the inputs of video records and decodes `Result.text`.

@@ -61,9 +61,23 @@ class CorruptingDrafter(Drafter):
             proposal = self.base.propose(session, prefix, gamma, policy, should_stop)
         if not proposal.chain:  # token trees pass through unchanged
             return proposal
+        vocab = int(proposal.q.shape[-1]) if proposal.q is not None else int(session.last_logits.shape[-1])
+        return self._corrupt(proposal, vocab)
+
+    @property
+    def rewrite_chain(self) -> Callable[[DraftProposal, int], DraftProposal] | None:
+        """The batched form (`hippo.batched`): the base drafter's, then the corruption; None when the
+        base drafter has none."""
+        from hippo.batched import chain_rewrite
+
+        base = chain_rewrite(self.base)
+        if base is None:
+            return None
+        return lambda proposal, vocab: self._corrupt(base(proposal, vocab), vocab)
+
+    def _corrupt(self, proposal: DraftProposal, vocab: int) -> DraftProposal:  # vocab: q's V
         tokens = proposal.tokens.clone()  # [γ]
         q = None if proposal.q is None else proposal.q.clone()  # [γ, V] or None
-        vocab = int(q.shape[-1]) if q is not None else int(session.last_logits.shape[-1])
         for i in range(min(int(tokens.shape[0]), len(self.config.wrong))):
             if not self.config.wrong[i]:
                 continue

@@ -1,0 +1,167 @@
+"""Throughput at batch 1, 2, 4: HF `generate` (batched, left-padded), hippo's batched target alone,
+and hippo's batched serial speculative decoding, side by side in one run, on the narration pair.
+
+    python -m hippo.benchmarks.throughput                       # 64 new tokens per row, 3 repeats
+    python -m hippo.benchmarks.throughput --batches 1 2 4 8 --max-new-tokens 128
+
+Each cell is the median over repeats of (new tokens of the batch) / (wall seconds of the whole call:
+vision encoding, prefills, decoding), after one untimed warm-up call; in brackets the decode phase:
+(new tokens - one per row) / (that median - the median of the same call with max_new_tokens=1). Rows are fixed-length (`min_new_tokens` = `max_new_tokens`:
+EOS is suppressed, as serving benchmarks do) unless `--natural`, so every method decodes the same
+number of tokens per row. The prompts are the bench's narration clips (`bench.narrate_workload`),
+batch b taking the first b clips. Each hippo row is checked against the same row decoded alone by
+HF `generate` (float32: a near-tie may flip a token; the count of differing rows is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import hippo
+
+#: hippo rows: (name, scheduler, scheduler options, pruning parts)
+HIPPO_ROWS: list[tuple[str, str, dict, dict]] = [
+    ("hippo batched, target alone", "autoregressive", {}, {}),
+    ("hippo batched serial SD, full video", "serial", {"gamma": 5}, {}),
+    (
+        "hippo batched serial SD, holistic top-k",
+        "serial",
+        {"gamma": 5},
+        {"scorer": "holistic", "selector": "topk", "selector_options": {"keep_ratio": 0.1}},
+    ),
+]
+
+
+def pad_batch(rows: list[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Processor outputs of batch size 1, left-padded into one batch as the processor pads them."""
+    L = max(int(r["input_ids"].shape[1]) for r in rows)
+
+    def left(t: torch.Tensor, value: int) -> torch.Tensor:  # [1, l] -> [1, L]
+        return torch.nn.functional.pad(t, (L - t.shape[1], 0), value=value)
+
+    out = {
+        "input_ids": torch.cat([left(r["input_ids"], pad_id) for r in rows]),
+        "attention_mask": torch.cat([left(r["attention_mask"], 0) for r in rows]),
+        "mm_token_type_ids": torch.cat([left(r["mm_token_type_ids"], 0) for r in rows]),
+    }
+    for key in ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"):
+        out[key] = torch.cat([r[key] for r in rows])
+    return out
+
+
+def timed(call: Callable[[], Any], repeats: int) -> tuple[Any, list[float]]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = call()
+        times.append(time.perf_counter() - t0)
+    return out, times
+
+
+def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, natural: bool) -> dict:
+    from hippo.benchmarks.bench import narrate_workload
+    from hippo.benchmarks.narration import NARRATE_BENCH
+
+    torch.set_num_threads(threads)
+    w = narrate_workload(max(batches), 0, NARRATE_BENCH.frames, NARRATE_BENCH.size)
+    gen = {"do_sample": False, "max_new_tokens": max_new_tokens}
+    if not natural:
+        gen["min_new_tokens"] = max_new_tokens
+    pad_id = w.target.generation_config.pad_token_id
+    if pad_id is None:
+        eos = w.target.generation_config.eos_token_id
+        pad_id = eos[0] if isinstance(eos, list) else eos
+    with torch.inference_mode():  # each row alone: what every batched row must equal
+        alone = [w.target.generate(**x, **gen)[0, x["input_ids"].shape[1] :].tolist() for x in w.inputs]
+    first = {**gen, "max_new_tokens": 1, "min_new_tokens": 0}  # to the first token: vision + prefill
+    table: dict[str, dict[int, dict]] = {}
+
+    def cell(name: str, b: int, call: Callable[[dict], list[list[int]]]) -> None:
+        call(first)  # untimed warm-up (allocator, packed weights)
+        rows, times = timed(lambda: call(gen), repeats)
+        _, firsts = timed(lambda: call(first), repeats)
+        tokens = sum(len(r) for r in rows)
+        differ = sum(r != a for r, a in zip(rows, alone[:b]))
+        med, med1 = statistics.median(times), statistics.median(firsts)
+        decode = (tokens - b) / (med - med1) if med > med1 else float("nan")
+        table.setdefault(name, {})[b] = {
+            "tokens": tokens,
+            "seconds": times,
+            "seconds_first": firsts,
+            "tok_s": tokens / med,
+            "decode_tok_s": decode,
+            "differ": differ,
+        }
+        print(f"  {name:42s} batch {b}: {tokens / med:7.1f} tok/s, decode {decode:7.1f} tok/s ({tokens} tokens, "
+              f"{med:.2f} s, first token {med1:.2f} s; {differ} rows differ from generate alone)", flush=True)  # fmt: skip
+
+    for b in batches:
+        xs = w.inputs[:b]
+        padded = pad_batch(xs, pad_id)
+        L = padded["input_ids"].shape[1]
+
+        def hf(g: dict, padded=padded, L=L) -> list[list[int]]:
+            with torch.inference_mode():
+                out = w.target.generate(**padded, **g, pad_token_id=pad_id)
+            return [s[: _length(s, w.target, g["max_new_tokens"])] for s in out[:, L:].tolist()]
+
+        cell("HF generate, batched (left-padded)", b, hf)
+        for name, scheduler, options, parts in HIPPO_ROWS:
+            builder = hippo.PipelineBuilder().target(w.target)
+            if scheduler != "autoregressive":
+                builder.draft(w.draft)
+                builder.scorer(parts.get("scorer")).selector(
+                    parts.get("selector", "full"), **parts.get("selector_options", {})
+                )
+            pipe = builder.scheduler(scheduler, **options).build()
+
+            def ours(g: dict, pipe=pipe, xs=xs) -> list[list[int]]:
+                outs = pipe.generate_batch(xs, **g)
+                return [o.sequences[0, x["input_ids"].shape[1] :].tolist() for o, x in zip(outs, xs)]
+
+            cell(name, b, ours)
+            pipe.close()
+    return table
+
+
+def _length(seq: list[int], model: Any, max_new: int) -> int:
+    """New tokens of a padded batch row: up to and including its first EOS (the rest is padding)."""
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    for i, t in enumerate(seq[:max_new]):
+        if t in eos:
+            return i + 1
+    return min(len(seq), max_new)
+
+
+def markdown(table: dict, batches: list[int]) -> str:
+    """Tokens/s of the whole call, and of the decode phase (after the first token), per batch size."""
+    cols = [f"batch {b} tok/s (decode)" for b in batches]
+    lines = ["| method | " + " | ".join(cols) + " |", "|---" * (len(batches) + 1) + "|"]
+    for name, cells in table.items():
+        vals = [f"{cells[b]['tok_s']:.1f} ({cells[b]['decode_tok_s']:.1f})" for b in batches]
+        lines.append(f"| {name} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--natural", action="store_true", help="stop at EOS (rows of different lengths)")
+    args = ap.parse_args(argv)
+    table = run(args.batches, args.max_new_tokens, args.repeats, args.threads, args.natural)
+    print()
+    print(markdown(table, args.batches))
+
+
+if __name__ == "__main__":
+    main()

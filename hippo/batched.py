@@ -1,0 +1,474 @@
+"""Many prompts decoded together: batched lossless speculative decoding (the serial schedule) and the
+batched target alone (its throughput baseline).
+
+Notation: p = target, q = draft, γ = draft length, B = rows, S = cache slots, W = tokens one forward
+feeds per row, V = vocabulary, P = position rows (3 for M-RoPE, 1 otherwise).
+
+Each row is a `DecodeJob`, prefilled on its own exactly as `Pipeline.generate` prefills it: p on the
+whole prompt, q on the visual tokens the pipeline's scorer and selector keep for that row. The rows'
+caches are then stacked on the batch dimension (`BatchedCache`), padded to the longest and carried
+with a per-row validity mask of the slots, and every later forward runs all live rows at once:
+
+- a forward feeds W tokens per row (rows with fewer are padded with masked dummy tokens), each row at
+  its own positions (its adapter's `positions` function), under a 4-D additive mask [B, 1, W, S + W]
+  (the row's valid slots, causal inside the block);
+- keys are stored after their rotary embedding, so the order of slots does not matter: a row rolls
+  back by marking its rejected slots invalid (no crop), and the cache is compacted (each row's valid
+  slots gathered to the front) once the holes pass a threshold;
+- a finished row leaves the batch at once (`index_select` on the batch dimension), so it stops
+  costing compute.
+
+Ragged rows are padded (as BASS pads), not flattened into one sequence of all rows' tokens (as
+vLLM feeds its rejection sampler): flattening needs a variable-length attention kernel over paged
+caches, while padding keeps the backbone's own transformers forward, which every adapter's
+exactness already rests on; the padding costs little because a round feeds at most γ + 1 tokens per
+row and `Pipeline.map` groups rows of similar prompt lengths.
+
+Acceptance, emission and bookkeeping are the batch-1 ones, row by row: each row's scores go through
+its own `TokenPolicy` (`hippo.accept.process_rows`), its verifier decides, and `DecodeJob.emit` keeps
+the EOS and token-budget rules. So each row's answer is its own batch-1 answer: `target.generate`'s,
+greedy; the same draws from the row's generator as batch 1 when sampling.
+
+The target's packed linear weights (`hippo.packed`) serve the batched forwards; static-cache
+compiled sessions (`hippo.static`) do not: a batch runs on dynamic caches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from hippo.accept import DraftProposal, process_rows
+from hippo.compat import cache_arg
+from hippo.errors import InputError, UnsupportedError
+from hippo.job import DecodeJob
+from hippo.packed import MAX_ROWS, PackedLinears, PackedSessions
+from hippo.registry import lookup
+from hippo.sampling import TokenPolicy, make_generator
+from hippo.session import KVSession
+from hippo.types import GenerateOutput
+
+#: compact when at least this share of the cache's slots (beyond the longest row) are holes ...
+COMPACT_SHARE = 0.125
+#: ... and at least this many
+COMPACT_MIN = 16
+
+
+class BatchedCache:
+    """B rows' KV caches of one model, stacked on the batch dimension, each slot valid or not.
+
+    Built from prefilled batch-1 `KVSession`s (their caches are copied; close them afterwards).
+    Row b holds `lengths[b]` logical tokens; `slots[b]` lists the cache slot of each token it
+    consumed after its prompt, in order (rollback invalidates slots from the end).
+    """
+
+    def __init__(self, sessions: Sequence[KVSession], packed: PackedLinears | None = None, max_rows: int = 0):
+        if not sessions:
+            raise ValueError("a batched cache needs at least one row")
+        for s in sessions:
+            if not isinstance(s, KVSession) or getattr(s.cache, "layers", None) is None:
+                raise UnsupportedError(
+                    f"batched decoding needs prefilled KVSessions with a transformers DynamicCache, got "
+                    f"{type(s).__name__}; build the pipeline without static-cache sessions"
+                )
+        first = sessions[0]
+        self.model, self.device = first.model, first.device
+        self.dtype = next(self.model.parameters()).dtype
+        self.packed, self.max_rows = packed, max_rows
+        self.positions = [s.positions for s in sessions]
+        self.lengths = [int(s.length) for s in sessions]
+        self.slots: list[list[int]] = [[] for _ in sessions]
+        sizes = [s.cache_len() for s in sessions]
+        S = max(sizes)
+        self.cache = first.cache  # its layer objects get the stacked tensors (the sessions are spent)
+        for i, layer in enumerate(self.cache.layers):
+            if type(layer).__name__ != "DynamicLayer":
+                raise UnsupportedError(
+                    f"batched decoding stacks full-attention cache layers only, got {type(layer).__name__}"
+                )
+            keys, values = [], []
+            for s in sessions:
+                other = s.cache.layers[i]
+                pad = S - other.keys.shape[-2]
+                keys.append(torch.nn.functional.pad(other.keys, (0, 0, 0, pad)))  # [1, H, S, D]
+                values.append(torch.nn.functional.pad(other.values, (0, 0, 0, pad)))
+            layer.keys, layer.values = torch.cat(keys), torch.cat(values)  # [B, H, S, D]
+        self.valid = torch.arange(S)[None] < torch.tensor(sizes)[:, None]  # [B, S] bool
+        self.seconds = 0.0  # wall-clock seconds in forwards
+        self.forwards = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def size(self) -> int:  # S: slots per row
+        return int(self.valid.shape[1])
+
+    @torch.inference_mode()
+    def forward(self, blocks: Sequence[Sequence[int]]) -> torch.Tensor:  # -> logits [B, W, V]
+        """Feed row b the tokens `blocks[b]` at its next logical positions (an empty block: the row
+        only carries dummies this time). Column i of row b's logits follows its token i; columns
+        from `len(blocks[b])` on are dummies, masked from every real token and invalid afterwards.
+        """
+        t0 = time.perf_counter()
+        B, S = self.rows, self.size
+        widths = [len(b) for b in blocks]
+        W = max(widths)
+        if len(blocks) != B or W == 0:
+            raise ValueError(f"forward needs one block per row ({B}) and some token, got widths {widths}")
+        ids = torch.zeros(B, W, dtype=torch.long)
+        for b, toks in enumerate(blocks):
+            ids[b, : len(toks)] = torch.as_tensor(list(toks), dtype=torch.long)
+        pos = torch.cat(
+            [fn(n, W) for fn, n in zip(self.positions, self.lengths)], dim=-2
+        )  # [P, B, W] | [B, W]
+        real = torch.arange(W)[None] < torch.tensor(widths)[:, None]  # [B, W]
+        allowed = torch.cat(
+            [
+                self.valid[:, None, :].expand(B, W, S),
+                torch.ones(W, W, dtype=torch.bool).tril().expand(B, W, W),
+            ],
+            dim=-1,
+        )  # [B, W, S + W]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(
+            ~allowed, torch.finfo(self.dtype).min
+        )
+        kernels = self.packed.rows(B * W, self.max_rows) if self.packed is not None else nullcontext()
+        with kernels:
+            out = self.model(
+                input_ids=ids.to(self.device),
+                position_ids=pos.to(self.device),
+                attention_mask=mask[:, None].to(self.device),
+                **cache_arg(self.cache),
+                use_cache=True,
+            )
+        for b, n in enumerate(widths):
+            self.slots[b].extend(range(S, S + n))
+            self.lengths[b] += n
+        self.valid = torch.cat([self.valid, real], dim=1)
+        logits = out.logits  # [B, W, V]
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.seconds += time.perf_counter() - t0
+        self.forwards += 1
+        return logits
+
+    @torch.inference_mode()
+    def rollback(self, row: int, length: int) -> None:
+        """Forget row `row`'s tokens after its first `length` logical tokens."""
+        drop = self.lengths[row] - length
+        if drop < 0 or drop > len(self.slots[row]):
+            raise ValueError(f"row {row}: cannot roll back from {self.lengths[row]} to {length} tokens")
+        if drop:
+            gone = self.slots[row][-drop:]
+            del self.slots[row][-drop:]
+            self.valid[row, gone] = False
+            self.lengths[row] = length
+
+    @torch.inference_mode()
+    def select(self, rows: Sequence[int]) -> None:
+        """Keep only the rows `rows` (in that order): finished rows leave the batch."""
+        if list(rows) == list(range(self.rows)):
+            return
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        for layer in self.cache.layers:
+            i = idx.to(layer.keys.device)
+            layer.keys, layer.values = layer.keys.index_select(0, i), layer.values.index_select(0, i)
+        self.valid = self.valid.index_select(0, idx)
+        self.positions = [self.positions[r] for r in rows]
+        self.lengths = [self.lengths[r] for r in rows]
+        self.slots = [self.slots[r] for r in rows]
+        self.maybe_compact()
+
+    @torch.inference_mode()
+    def maybe_compact(self) -> None:
+        """Gather each row's valid slots to the front when the holes pass the threshold."""
+        counts = self.valid.sum(1)  # [B]
+        keep = int(counts.max()) if self.rows else 0
+        holes = self.size - keep
+        if holes < max(COMPACT_MIN, COMPACT_SHARE * self.size):
+            return
+        order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :keep]  # [B, keep]
+        rank = self.valid.long().cumsum(1) - 1  # [B, S]: new slot of each valid slot
+        for layer in self.cache.layers:
+            B, H, _, D = layer.keys.shape
+            g = order.to(layer.keys.device)[:, None, :, None].expand(B, H, keep, D)
+            layer.keys, layer.values = layer.keys.gather(2, g), layer.values.gather(2, g)
+        self.slots = [rank[b, s].tolist() for b, s in enumerate(self.slots)]
+        self.valid = torch.arange(keep)[None] < counts[:, None]  # [B, keep]
+
+
+def _packing(pipe: Any, role: str, model: torch.nn.Module) -> tuple[PackedLinears | None, int]:
+    kind = pipe.sessions.get(role)
+    if isinstance(kind, PackedSessions):
+        return PackedLinears.of(model), kind.max_rows
+    return None, MAX_ROWS
+
+
+# ---- drafters --------------------------------------------------------------------------------
+
+
+def chain_rewrite(drafter: Any) -> Callable[[DraftProposal, int], DraftProposal] | None:
+    """How `drafter` drafts in a batch, or None when it cannot: each row's chain is drawn token by
+    token from q, as the registered `chain` drafter draws it, then passed through the returned
+    function with q's vocabulary size. The `chain` drafter itself changes nothing; another drafter
+    takes part by defining `rewrite_chain(proposal, vocab) -> DraftProposal` (or None: no batched form).
+    """
+    rewrite = getattr(drafter, "rewrite_chain", None)
+    if rewrite is not None:
+        return rewrite
+    if type(drafter) is lookup("drafters", "chain"):
+        return _unchanged
+    return None
+
+
+def _unchanged(proposal: DraftProposal, vocab: int) -> DraftProposal:
+    return proposal
+
+
+# ---- the rows --------------------------------------------------------------------------------
+
+
+class _Plain:
+    """The pipeline's parts, for batch-1 prefills whose sessions stay plain `KVSession`s (the batch
+    stacks their caches; packed weights are applied to the batched forwards instead)."""
+
+    def __init__(self, pipe: Any):
+        self._pipe = pipe
+        self.sessions = {"target": None, "draft": None}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipe, name)
+
+
+class _Row:
+    """One row: its job, the tokens its draft consumed after the prompt, and its decode seconds."""
+
+    def __init__(self, job: DecodeJob):
+        self.job = job
+        self.draft_generated: list[int] = []
+        self.seconds_target = 0.0
+        self.seconds_draft = 0.0
+
+
+def row_job(
+    pipe: Any,
+    inputs: dict[str, Any],
+    generation_config: Any = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    generation_kwargs: dict[str, Any] | None = None,
+) -> DecodeJob:
+    """The job `Pipeline.generate` would run for `inputs`, on parts whose sessions stay plain."""
+    prompt, gc, max_new, eos = pipe._settings(inputs, generation_config, dict(generation_kwargs or {}))
+    policy = TokenPolicy.for_model(pipe.target, gc, prompt, make_generator(seed, generator))
+    job = DecodeJob(_Plain(pipe), inputs, prompt, policy, pipe._verifier_for(gc.do_sample), max_new, eos)
+    job.stats.scheduler = pipe.names.get("scheduler", type(pipe.scheduler).__name__)
+    return job
+
+
+def decode_jobs(pipe: Any, jobs: Sequence[DecodeJob], gamma: int) -> None:
+    """Decode the jobs together: speculative rounds of up to γ draft tokens, or the target alone
+    (γ = 0). Prefills each job on its own, runs all to the end and finishes them (their stats)."""
+    rows = [_Row(j) for j in jobs]
+    try:
+        _decode(pipe, rows, gamma)
+    finally:
+        for row in rows:
+            row.job.finish()
+            s = row.job.stats
+            s.seconds_target_decode, s.seconds_draft_decode = row.seconds_target, row.seconds_draft
+            s.notes.append(f"decoded in a batch of {len(rows)} rows")
+
+
+def _decode(pipe: Any, rows: list[_Row], gamma: int) -> None:
+    rewrite = None
+    if gamma > 0:
+        rewrite = chain_rewrite(pipe.drafter)
+        if rewrite is None:
+            raise UnsupportedError(
+                f"drafter {type(pipe.drafter).__name__} has no batched form (rewrite_chain); use the "
+                "'chain' drafter to decode a batch, or decode the prompts one by one"
+            )
+    live: list[_Row] = []
+    targets: list[KVSession] = []
+    drafts: list[KVSession] = []
+    for row in rows:  # each prefilled as generate prefills it
+        job = row.job
+        target = job.prefill_target()
+        job.first_token(target)
+        if job.done:
+            continue
+        live.append(row)
+        targets.append(target)
+        if gamma > 0:
+            drafts.append(job.prefill_draft())
+    if not live:
+        return
+    target = BatchedCache(targets, *_packing(pipe, "target", pipe.target))
+    draft = BatchedCache(drafts, *_packing(pipe, "draft", pipe.draft)) if gamma > 0 else None
+    for s in (*targets, *drafts):
+        s.close()  # their caches were copied into the batch
+    while live:
+        proposals: list[DraftProposal | None] = [None] * len(live)
+        if draft is not None:
+            t0 = draft.seconds
+            proposals = _draft(draft, live, gamma, rewrite)
+            for row in live:
+                row.seconds_draft += draft.seconds - t0
+        t0 = target.seconds
+        _verify(target, live, proposals)
+        for row in live:
+            row.seconds_target += target.seconds - t0
+        still = [i for i, row in enumerate(live) if not row.job.done]
+        if len(still) < len(live):  # finished rows leave the batch
+            live = [live[i] for i in still]
+            if not live:
+                break
+            for cache in (target, draft):
+                if cache is not None:
+                    cache.select(still)
+        else:
+            for cache in (target, draft):
+                if cache is not None:
+                    cache.maybe_compact()
+
+
+def _draft(
+    draft: BatchedCache,
+    rows: Sequence[_Row],
+    gamma: int,
+    rewrite: Callable[[DraftProposal, int], DraftProposal],
+) -> list[DraftProposal]:
+    """Each row's chain of up to γ draft tokens (fewer near its token budget), batched as the `chain`
+    drafter drafts one row: q first catches up on the tokens emitted since it last ran (rolling back
+    what was not accepted), then feeds each of its tokens but the last."""
+    gammas = [min(gamma, row.job.remaining - 1) for row in rows]
+    seqs = [row.job.prefix() for row in rows]  # [T] each
+    blocks: list[list[int]] = []
+    for b, row in enumerate(rows):
+        if not gammas[b]:
+            blocks.append([])
+            continue
+        emitted, common = row.job.tokens, 0
+        for x, y in zip(row.draft_generated, emitted):
+            if x != y:
+                break
+            common += 1
+        common = min(common, len(emitted) - 1)  # q's logits after the last emitted token are needed
+        draft.rollback(b, draft.lengths[b] - (len(row.draft_generated) - common))
+        del row.draft_generated[common:]
+        blocks.append(emitted[common:])
+    tokens: list[list[int]] = [[] for _ in rows]
+    qs: list[list[torch.Tensor]] = [[] for _ in rows]
+    vocab = 0
+    for _ in range(max(gammas, default=0)):
+        logits = draft.forward(blocks)  # [B, W, V_q]
+        vocab = int(logits.shape[-1])
+        nxt: list[list[int]] = []
+        for b, row in enumerate(rows):
+            row.draft_generated.extend(blocks[b])
+            if len(tokens[b]) >= gammas[b]:
+                nxt.append([])
+                continue
+            policy = row.job.policy
+            seq = torch.cat([seqs[b], torch.tensor(tokens[b], dtype=torch.long)])
+            scores = policy.process(seq, policy.fit(logits[b, len(blocks[b]) - 1])[None])  # [1, V]
+            if policy.do_sample:
+                q = policy.probs(scores)[0]
+                x = policy.sample(q)
+                qs[b].append(q)
+            else:
+                x = int(scores[0].argmax())
+            tokens[b].append(x)
+            nxt.append([x] if len(tokens[b]) < gammas[b] else [])
+        blocks = nxt
+    out = []
+    for b in range(len(rows)):
+        prop = DraftProposal(
+            tokens=torch.tensor(tokens[b], dtype=torch.long), q=torch.stack(qs[b]) if qs[b] else None
+        )
+        out.append(rewrite(prop, vocab if prop.q is None else int(prop.q.shape[-1])) if prop.size else prop)
+    return out
+
+
+def _verify(target: BatchedCache, rows: Sequence[_Row], proposals: Sequence[DraftProposal | None]) -> None:
+    """One target forward for all rows: each row's pending token and its draft tokens; then each row
+    accepts, rolls back and emits as its batch-1 round (or, without a proposal, its target step)."""
+    blocks = []
+    for b, (row, prop) in enumerate(zip(rows, proposals)):
+        if target.lengths[b] != row.job.length - 1:
+            raise RuntimeError(f"row {b}: p holds {target.lengths[b]} tokens, expected {row.job.length - 1}")
+        blocks.append([row.job.tokens[-1], *([] if prop is None else prop.tokens.tolist())])
+    logits = target.forward(blocks)  # [B, W, V]
+    for b, (row, prop) in enumerate(zip(rows, proposals)):
+        job = row.job
+        prefix = job.prefix()  # [T]
+        if prop is None:  # the target alone: `DecodeJob.target_step`
+            scores = job.policy.process(prefix, logits[b, :1])[0]
+            job.emit([job.policy.choose(scores)])
+            continue
+        n = prop.size
+        scores = process_rows(job.policy, prefix, prop, logits[b, : n + 1])  # [n+1, V]
+        verdict = job.verifier.verify(prop, scores, job.policy)
+        a = verdict.n_accepted
+        target.rollback(b, prefix.shape[0] + a)
+        kept = job.emit([*prop.tokens[list(verdict.path)].tolist(), verdict.next_token])
+        job.stats.record_round(n, a, kept, a < n)
+
+
+def generate_rows(
+    pipe: Any,
+    inputs: Sequence[dict[str, Any]],
+    generation: Sequence[dict[str, Any]] | None = None,
+    seeds: Sequence[int | None] | None = None,
+    generation_config: Any = None,
+) -> list[GenerateOutput]:
+    """One output per row of `inputs`, decoded together (see the module docstring); row i with the
+    generation settings `generation[i]` and seed `seeds[i]`. The schedule is the pipeline's:
+    `autoregressive` (the target alone) or `serial` with a fixed γ."""
+    gamma = batch_gamma(pipe)
+    if gamma is None:
+        raise UnsupportedError(
+            f"scheduler {pipe.names.get('scheduler', type(pipe.scheduler).__name__)!r} has no batched "
+            "form; batched decoding runs 'serial' (fixed gamma) or 'autoregressive'"
+        )
+    n = len(inputs)
+    generation = list(generation) if generation is not None else [{}] * n
+    seeds = list(seeds) if seeds is not None else [None] * n
+    if len(generation) != n or len(seeds) != n:
+        raise InputError(
+            f"{n} rows of inputs but {len(generation)} generation settings and {len(seeds)} seeds"
+        )
+    jobs = [
+        row_job(pipe, x, generation_config, seed, None, gen)
+        for x, gen, seed in zip(inputs, generation, seeds)
+    ]
+    decode_jobs(pipe, jobs, gamma)
+    return [
+        GenerateOutput(
+            sequences=job.prefix()[None].to(x["input_ids"].device),
+            stats=job.stats,
+            kept_visual_index=job.kept,
+        )
+        for job, x in zip(jobs, inputs)
+    ]
+
+
+def batch_gamma(pipe: Any) -> int | None:
+    """γ of the pipeline's schedule in a batch (0: the target alone), or None when it has no batched
+    form (a parallel schedule, γ = "auto", a drafter without `rewrite_chain`)."""
+    name = pipe.names.get("scheduler")
+    if name == "autoregressive":
+        return 0
+    if name != "serial":
+        return None
+    gamma = getattr(pipe.scheduler.config, "gamma", None)
+    if not isinstance(gamma, int) or chain_rewrite(pipe.drafter) is None:
+        return None
+    return gamma

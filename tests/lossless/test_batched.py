@@ -1,0 +1,261 @@
+"""Batched decoding is lossless: every row of a batch equals that row's own `target.generate`.
+
+Batches of 1-4 rows with different videos, prompt lengths, token budgets and EOS positions; drafts by
+the tiny draft or the target itself on pruned visual tokens, with corrupted positions, so rows reject
+at different rounds. Float64 tiny models on CPU, so equality is exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hippo.batched as hb
+from hippo.errors import UnsupportedError
+from hippo.testing import assert_sampling_exact
+from hippo.testing import models as hm
+from hippo.testing import params as hp
+from hippo.testing import reference as hr
+from hippo.testing import strategies as hs
+
+ADAPTERS = hp.adapter_params()
+
+
+def fixed_prompts(adapter: str, target) -> list[hm.Prompt]:
+    """Three prompts of different videos and lengths."""
+    unit, words = hm.pixel_unit(target), hm.text_ids(target)
+    return [
+        hm.Prompt(adapter, target, (2, 2 * unit, 2 * unit), 0, words[3:6], words[7:9]),
+        hm.Prompt(adapter, target, (1, unit, 2 * unit), 1, words[3:4], words[7:12]),
+        hm.Prompt(adapter, target, (3, 2 * unit, unit), 2, [], words[1:3]),
+    ]
+
+
+class Seen:
+    """What the rows of the checked batches did, for the vacuity check."""
+
+    def __init__(self):
+        self.partial = self.full = self.ragged = 0
+
+    def add(self, outs) -> None:
+        self.partial += sum(len(hr.partial_rounds(o)) for o in outs)
+        self.full += sum(
+            a == g > 0 for o in outs for a, g in zip(o.stats.accepted_per_round, o.stats.drafted_per_round)
+        )
+        rounds = [o.stats.accepted_per_round for o in outs]
+        self.ragged += any(
+            len({r[i] for r in rounds if i < len(r)}) > 1 for i in range(max(map(len, rounds)))
+        )
+
+    def check(self) -> None:
+        assert self.partial and self.full and self.ragged, (
+            f"vacuous: {self.partial} partial rounds, {self.full} fully accepted rounds, "
+            f"{self.ragged} batches whose rows accepted different numbers of tokens in the same round"
+        )
+
+
+def check_batch(pipe, prompts, gens, eager: bool = False):
+    """Decode `prompts` as one batch; every row must be its own `target.generate`."""
+    refs = [hr.reference(pipe.target, p.inputs, **g) for p, g in zip(prompts, gens)]
+    saved = hb.COMPACT_MIN, hb.COMPACT_SHARE
+    if eager:  # compact at every hole
+        hb.COMPACT_MIN, hb.COMPACT_SHARE = 1, 0.0
+    try:
+        outs = pipe.generate_batch([p.inputs for p in prompts], per_row=gens)
+    finally:
+        hb.COMPACT_MIN, hb.COMPACT_SHARE = saved
+    assert len(outs) == len(prompts)
+    for out, ref, p in zip(outs, refs, prompts):
+        hr.assert_same(out, ref, p.length)
+        s = out.stats
+        assert s.new_tokens == ref.shape[1] - p.length
+        assert all(0 <= a <= g for a, g in zip(s.accepted_per_round, s.drafted_per_round))
+    return outs
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_batch_rows_equal_their_own_generate(adapter, corrupting_drafter):
+    """Serial (fixed γ) and the target alone, batched: each row is its own `target.generate`, token for
+    token. Two fixed batches first (a self-draft on every visual token, its third draft token
+    corrupted: partial and, near a row's budget, full rounds; a pruned self-draft: rows accepting
+    different numbers of tokens in one round); the check fails unless those happened."""
+    target = hm.tiny(adapter, "target")
+    seen = Seen()
+    prompts = fixed_prompts(adapter, target)
+    for keep, wrong, budgets in ((1.0, (0, 0, 1), (16, 3, 20)), (0.5, (), (16, 5, 20))):
+        fixed = hr.build_pipeline(
+            target,
+            target,
+            gamma=4,
+            keep_ratio=keep,
+            drafter=corrupting_drafter,
+            drafter_options={"wrong": wrong},
+        )
+        gens = [{"do_sample": False, "max_new_tokens": m} for m in budgets]
+        seen.add(check_batch(fixed, prompts, gens, eager=keep < 1))
+
+    @settings(max_examples=hs.examples(0.6))
+    @given(data=st.data())
+    def check(data):
+        n = data.draw(st.integers(1, 4), label="rows")
+        prompts = [data.draw(hs.prompts(adapter, target), label=f"prompt {i}") for i in range(n)]
+        gens = []
+        for i, p in enumerate(prompts):
+            gen = {"do_sample": False, "max_new_tokens": data.draw(hs.max_new_tokens, label=f"max_new {i}")}
+            gens.append(hr.eos_stop(target, p.inputs, gen, data.draw(hs.eos_picks, label=f"EOS pick {i}"))[0])
+        scheduler = data.draw(st.sampled_from(["serial", "serial", "autoregressive"]), label="scheduler")
+        role = data.draw(st.sampled_from(["self", "self", "draft"]), label="draft")
+        draft = target if role == "self" else hm.tiny(adapter, "draft")
+        wrong = data.draw(st.none() | hs.corrupt_patterns, label="corrupted positions")
+        selector, scorer = data.draw(
+            st.sampled_from(hm.selector_scorer_pairs(adapter)), label="selector, scorer"
+        )
+        pipe = hr.build_pipeline(
+            target,
+            draft if scheduler == "serial" else None,
+            scheduler=scheduler,
+            gamma=data.draw(hs.gammas, label="γ"),
+            selector=selector,
+            scorer=scorer,
+            keep_ratio=data.draw(st.just(1.0) | hs.keep_ratios, label="keep ratio"),
+            drafter="chain" if wrong is None else corrupting_drafter,
+            drafter_options=None if wrong is None else {"wrong": wrong},
+        )
+        seen.add(check_batch(pipe, prompts, gens, eager=data.draw(st.booleans(), label="compact eagerly")))
+
+    check()
+    seen.check()
+
+
+@pytest.mark.parametrize("adapter", ["qwen2_5_vl", "llava_onevision"])
+def test_batch_drafts_what_batch_one_drafts(adapter, corrupting_drafter):
+    """Each row of a batch is prefilled, pruned and drafted as `generate` does it alone: the same
+    rounds accept the same numbers of draft tokens (a pruned self-draft with a corrupted third draft
+    token), while rows finish at different rounds and leave the batch."""
+    target = hm.tiny(adapter, "target")
+    prompts = fixed_prompts(adapter, target)
+    gens = [{"do_sample": False, "max_new_tokens": m} for m in (16, 5, 20)]
+    pipe = hr.build_pipeline(
+        target,
+        target,
+        gamma=4,
+        keep_ratio=0.5,
+        drafter=corrupting_drafter,
+        drafter_options={"wrong": (0, 0, 1)},
+    )
+    outs = pipe.generate_batch([p.inputs for p in prompts], per_row=gens)
+    for out, p, gen in zip(outs, prompts, gens):
+        hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+        alone = pipe.generate(p.inputs, **gen).stats
+        assert out.stats.accepted_per_round == alone.accepted_per_round
+        assert out.stats.drafted_per_round == alone.drafted_per_round
+    assert len({o.stats.rounds for o in outs}) > 1  # rows finished at different rounds
+
+
+def test_batched_form_is_refused_where_there_is_none():
+    target = hm.tiny("qwen2_5_vl", "target")
+    p = hm.Prompt.default("qwen2_5_vl", target)
+    pipe = hr.build_pipeline(target, target, drafter="chain")
+    assert hb.batch_gamma(pipe) == 4
+    pipe.names["scheduler"] = "pearl"  # a schedule without a batched form
+    with pytest.raises(UnsupportedError, match="no batched form"):
+        pipe.generate_batch([p.inputs, p.inputs], max_new_tokens=2)
+
+
+def test_sampling_rows_reproduce_their_batch_one_draws():
+    """Sampling: each row uses its own generator exactly as `generate` does (q's draws, then the
+    acceptance uniforms), so a seeded row of a batch equals the same seeded row decoded alone."""
+    target = hm.tiny("qwen2_5_vl", "target")
+    draft = hm.tiny("qwen2_5_vl", "draft")
+    prompts = [hm.Prompt.default("qwen2_5_vl", target, frames=f) for f in (1, 2, 3)]
+    pipe = hr.build_pipeline(target, draft, gamma=3)
+    gen = {"do_sample": True, "max_new_tokens": 12, "top_k": 8}
+    seeds = [11, 12, 13]
+    outs = pipe.generate_batch([p.inputs for p in prompts], seeds=seeds, **gen)
+    for out, p, seed in zip(outs, prompts, seeds):
+        alone = pipe.generate(p.inputs, seed=seed, **gen)
+        assert torch.equal(out.sequences, alone.sequences)
+        assert out.stats.accepted_per_round == alone.stats.accepted_per_round
+
+
+class RowOfABatch:
+    """A pipeline whose `generate` decodes its prompt as the second row of a batch of two: the other
+    row (another video and length, its own seed) drafts, rejects and finishes beside it."""
+
+    def __init__(self, pipe, other):
+        self.pipe, self.other = pipe, other
+
+    def generate(self, inputs, seed=None, **gen):
+        return self.pipe.generate_batch([self.other, inputs], seeds=[seed + 10**6, seed], **gen)[1]
+
+    def __getattr__(self, name):
+        return getattr(self.pipe, name)
+
+
+def test_a_batch_row_samples_the_target_law():
+    """Sampling: a row of a batch has the target's exact law (`assert_sampling_exact` at its stated
+    power, on the harness's default case: a pruned self-draft, its second position corrupted)."""
+    adapter = "qwen2_5_vl"
+    target = hm.tiny(adapter, "target")
+
+    def build(case):
+        pipe = case.builder("serial").build()
+        unit = hm.pixel_unit(target)
+        return RowOfABatch(pipe, hm.Prompt(adapter, target, (3, unit, 2 * unit), 6, [], []).inputs)
+
+    # TV 0.1 rather than the suite's 0.05 keeps N at a quarter (test_sampling_rows_reproduce_their_
+    # batch_one_draws shows the draws are batch 1's, whose law test_sampling.py checks at 0.05)
+    res = assert_sampling_exact(build, adapter=adapter, epsilon=0.1)
+    assert res.power >= 0.95 and res.partial_rounds > 0, res.summary()
+    print(res.summary())
+
+
+def test_map_decodes_greedy_rows_together_and_sampled_rows_alone():
+    """`Pipeline.map` hands a batch's greedy rows to the batched engine, its sampled rows to
+    `generate`; every answer is the record's own (greedy: `target.generate`; seeded: `generate`'s)."""
+    from hippo.batch import Record
+
+    target = hm.tiny("qwen2_5_vl", "target")
+    prompts = fixed_prompts("qwen2_5_vl", target)
+    pipe = hr.build_pipeline(target, hm.tiny("qwen2_5_vl", "draft"), gamma=3)
+    sampled = {"do_sample": True, "seed": 3, "top_k": 4}
+    records = [
+        Record("a", inputs=prompts[0].inputs, generation={"max_new_tokens": 7}),
+        Record("b", inputs=prompts[1].inputs, generation={"max_new_tokens": 4, **sampled}),
+        Record("c", inputs=prompts[2].inputs, generation={"max_new_tokens": 9}),
+    ]
+    got = {r.id: r for r in pipe.map(records, batch_size=3, do_sample=False)}
+    for rec, p in zip(records, prompts):
+        r, gen = got[rec.id], dict(rec.generation)
+        together = any("batch of 2" in n for n in r.stats.notes)
+        assert together == (rec.id != "b"), (rec.id, r.stats.notes)
+        if rec.id == "b":
+            seed = gen.pop("seed")
+            assert r.token_ids == pipe.generate(p.inputs, seed=seed, **gen).sequences[0, p.length :].tolist()
+        else:
+            assert (
+                r.token_ids == hr.reference(target, p.inputs, do_sample=False, **gen)[0, p.length :].tolist()
+            )
+
+
+def test_map_gives_a_bad_row_of_a_batch_its_own_error():
+    """A row whose settings `generate` refuses gets its one-line error; the others of its batch are
+    still decoded together and answered."""
+    from hippo.batch import Record
+
+    target = hm.tiny("qwen2_5_vl", "target")
+    prompts = fixed_prompts("qwen2_5_vl", target)
+    pipe = hr.build_pipeline(target, hm.tiny("qwen2_5_vl", "draft"), gamma=3)
+    records = [
+        Record("a", inputs=prompts[0].inputs, generation={"max_new_tokens": 5}),
+        Record("b", inputs=prompts[1].inputs, generation={"num_beams": 2}),
+        Record("c", inputs=prompts[2].inputs, generation={"max_new_tokens": 6}),
+    ]
+    got = {r.id: r for r in pipe.map(records, batch_size=3, do_sample=False)}
+    assert not got["b"].ok and "num_beams" in got["b"].error
+    for rid, p, n in (("a", prompts[0], 5), ("c", prompts[2], 6)):
+        assert any("batch of 2" in note for note in got[rid].stats.notes)
+        want = hr.reference(target, p.inputs, do_sample=False, max_new_tokens=n)[0, p.length :].tolist()
+        assert got[rid].token_ids == want
