@@ -90,6 +90,7 @@ def methods(keep: float, gamma: int, *, quick: bool, compiled: bool = True) -> l
         Method("PEARL-video", scheduler="pearl", scheduler_options=par, parallel=True, **holistic),
         hippo_row("HIPPO"),
         hippo_row("HIPPO, γ from the cost model", options={"gamma": "auto"}),
+        Method("auto (the default: schedule and γ from the cost model)", scheduler="auto", **holistic),
         Method("SD (serial, full video), γ from the cost model", scheduler_options={"gamma": "auto"}),
         Method(
             "SD (serial, full video), γ from the cost model, unpacked target",
@@ -129,6 +130,15 @@ def methods(keep: float, gamma: int, *, quick: bool, compiled: bool = True) -> l
             drafter="tree",
             **holistic,
         ),
+    ]
+    # low agreement: the draft sees one visual token of the video it narrates, so it is rarely right;
+    # the planner should fall back to the target alone (compare with the `autoregressive` row)
+    blind = {"selector": "uniform", "selector_options": _keep(1e-9)}
+    rows += [
+        Method(
+            "low agreement: SD (serial), γ = 5, draft sees 1 visual token", scheduler_options=serial, **blind
+        ),
+        Method("low agreement: auto, draft sees 1 visual token", scheduler="auto", **blind),
     ]
     if quick:
         return rows

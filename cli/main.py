@@ -398,7 +398,11 @@ def _pipeline_args(
     m.add_argument("--config", metavar="FILE", help="builder config file (JSON or TOML); flags override it")
     _video_args(g, prompt, video)
     s = g.add_argument_group("speculative decoding")
-    s.add_argument("--scheduler", metavar="NAME", help="hippo (default), pearl, serial, autoregressive, ...")
+    s.add_argument(
+        "--scheduler",
+        metavar="NAME",
+        help="auto (default: the schedule and γ from costs measured once per machine), hippo, pearl, serial, autoregressive, ...",
+    )
     s.add_argument(
         "--scorer", metavar="NAME", help="visual-token scorer: holistic (default), attention, ..., none"
     )
@@ -415,7 +419,7 @@ def _pipeline_args(
         "--gamma",
         type=_int_or_auto,
         metavar="N",
-        help="draft length γ per round, >= 1, or 'auto' (each round's γ from the cost model) (default: 5)",
+        help="draft length γ per round, >= 1, or 'auto' (each round's γ from the cost model), for --scheduler serial, pearl or hippo",
     )
     d = g.add_argument_group("decoding")
     d.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="(default: %(default)s)")
@@ -450,8 +454,8 @@ def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         epilog=(
             "--config FILE takes the builder's JSON/TOML config (PipelineConfig: target, draft, backbone, "
             "scorer, selector, drafter, verifier, scheduler, dtype, device); flags given on the command line "
-            "override it. Without --config the defaults are --scheduler hippo --scorer holistic --selector "
-            "topk --keep-ratio 0.1 --gamma 5. Bad input (video, checkpoints, tokenizers, options, a prompt "
+            "override it. Without --config the defaults are --scheduler auto --scorer holistic --selector "
+            "topk --keep-ratio 0.1. Bad input (video, checkpoints, tokenizers, options, a prompt "
             "longer than the context) prints one line 'hippo: error: ...' and exits 2. Exit status 1: "
             "--compare-ar found a greedy output that differs."
         ),

@@ -45,7 +45,7 @@ EXIT_MISMATCH = 1
 DEFAULTS = PipelineConfig(
     scorer="holistic",
     selector=PartSpec("topk", {"keep_ratio": 0.1}),
-    scheduler=PartSpec("hippo", {"gamma": 5}),
+    scheduler=PartSpec("auto"),
 )
 
 
@@ -89,6 +89,12 @@ def pipeline_config(args: argparse.Namespace) -> PipelineConfig:
     changes["scheduler"] = _override(
         "scheduler", base.scheduler, getattr(args, "scheduler", None), "gamma", getattr(args, "gamma", None)
     )
+    name = changes["scheduler"].name
+    if getattr(args, "gamma", None) is not None and not _accepts("scheduler", name, "gamma"):
+        raise ConfigError(
+            f"--gamma does not apply to scheduler {name!r} (it chooses γ itself); add --scheduler serial, "
+            "pearl or hippo to fix γ"
+        )
     return attrs.evolve(base, **changes)
 
 

@@ -37,7 +37,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def common(env: dict[str, str]) -> list[str]:
     return [
         "--target", env["target"], "--draft", env["draft"], "--video", env["video"], "--frames", "4",
-        "--max-pixels", "3136", "--max-new-tokens", "8", "--gamma", "3", "--keep-ratio", "0.25", "--no-progress",
+        "--max-pixels", "3136", "--max-new-tokens", "8", "--scheduler", "hippo", "--gamma", "3", "--keep-ratio", "0.25", "--no-progress",
     ]  # fmt: skip
 
 

@@ -92,6 +92,7 @@ def argv(env: dict[str, str], *extra: str, **replace: str) -> list[str]:
         "frames": "4",
         "max-pixels": "3136",
         "max-new-tokens": "10",
+        "scheduler": "hippo",
         "gamma": "3",
         "keep-ratio": "0.25",
     }
@@ -222,7 +223,9 @@ def test_config_file_and_flags_override_it(env, tmp_path, capsys, suffix) -> Non
             '[scheduler]\nname = "serial"\ngamma = 2\n[selector]\nname = "uniform"\nkeep_ratio = 0.5\n'
         )
     out_json = tmp_path / "out.json"
-    args = argv(env, "--config", str(cfg), "--json", str(out_json), target=None, draft=None, gamma="4")
+    args = argv(
+        env, "--config", str(cfg), "--json", str(out_json), target=None, draft=None, scheduler=None, gamma="4"
+    )
     args.remove("--keep-ratio")
     args.remove("0.25")
     assert main(args) == 0, capsys.readouterr().err
@@ -275,6 +278,7 @@ BAD = {
     "keep ratio 0": (dict(keep_ratio="0"), (), "keep_ratio must be a number in (0, 1], got 0.0"),
     "keep ratio > 1": (dict(keep_ratio="1.5"), (), "keep_ratio must be a number in (0, 1], got 1.5"),
     "gamma 0": (dict(gamma="0"), (), "gamma must be an integer >= 1, got 0"),
+    "gamma with auto": (dict(scheduler="auto"), (), "--gamma does not apply to scheduler 'auto'"),
     "frames 0": (dict(frames="0"), (), "--frames must be >= 1"),
     "max pixels 0": (dict(max_pixels="0"), (), "--max-pixels must be >= 1"),
     "too many frames": (
