@@ -51,6 +51,7 @@ class Method:
     group: str = "main"
     compile: tuple[str, ...] = ()  # roles on compiled static-cache sessions (PipelineBuilder.compile)
     pack: tuple[str, ...] | None = None  # roles with packed linear weights (None: hippo's default)
+    untrained_draft: bool = False  # the draft's architecture with random weights: it is rarely right
 
 
 def _keep(ratio: float) -> dict:
@@ -131,14 +132,20 @@ def methods(keep: float, gamma: int, *, quick: bool, compiled: bool = True) -> l
             **holistic,
         ),
     ]
-    # low agreement: the draft sees one visual token of the video it narrates, so it is rarely right;
-    # the planner should fall back to the target alone (compare with the `autoregressive` row)
-    blind = {"selector": "uniform", "selector_options": _keep(1e-9)}
+    # low agreement: an untrained draft (the trained one's architecture, random weights) is rarely
+    # right; the planner should then decode with the target alone (compare with `autoregressive`)
     rows += [
         Method(
-            "low agreement: SD (serial), γ = 5, draft sees 1 visual token", scheduler_options=serial, **blind
+            "low agreement: SD (serial), γ = 5, untrained draft",
+            scheduler_options=serial,
+            untrained_draft=True,
         ),
-        Method("low agreement: auto, draft sees 1 visual token", scheduler="auto", **blind),
+        Method(
+            "low agreement: SD (serial), γ from the cost model, untrained draft",
+            scheduler_options={"gamma": "auto"},
+            untrained_draft=True,
+        ),
+        Method("low agreement: auto, untrained draft", scheduler="auto", untrained_draft=True, **holistic),
     ]
     if quick:
         return rows
@@ -259,8 +266,14 @@ def trained_workload(n: int, seed: int, frames: int, size: int) -> Workload:
 # ---- running ------------------------------------------------------------------------------------
 
 
+def _untrained(model: torch.nn.Module) -> torch.nn.Module:
+    """The same architecture and dtype with freshly initialised weights (seed 0)."""
+    torch.manual_seed(0)
+    return type(model)(model.config).to(next(model.parameters()).dtype).eval()
+
+
 def _pipeline(m: Method, w: Workload) -> hippo.Pipeline:
-    b = hippo.PipelineBuilder().target(w.target).draft(w.draft)
+    b = hippo.PipelineBuilder().target(w.target).draft(_untrained(w.draft) if m.untrained_draft else w.draft)
     b.scorer(m.scorer, **m.scorer_options).selector(m.selector, **m.selector_options).drafter(m.drafter)
     if m.compile:
         b.compile(*m.compile)

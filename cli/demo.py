@@ -29,7 +29,7 @@ DEFAULT_QUESTION = "narrate the video ."
 #: the questions the pair was trained on (any text is accepted; others give untrained answers)
 TRAINED_QUESTIONS = ("narrate the video .", "narrate the <colour> object .", "where does the <shape> go ?")
 #: the fastest lossless configuration `hippo bench` measured on this pair on a 2-core CPU
-DEFAULT_SCHEDULER = "serial"
+DEFAULT_SCHEDULER = "auto"  # the schedule and γ from costs measured once per machine (--gamma N: serial)
 DEFAULT_GAMMA: int | str = "auto"  # γ per round from the cost model (hippo/cost.py)
 DEFAULT_KEEP_RATIO = 1.0  # 1.0: the draft sees the full video
 MAX_NEW_TOKENS = 256
@@ -109,7 +109,8 @@ def run_demo(
     # the same path as `hippo generate`: decord, the checkpoint's tokenizer and chat template, the adapter
     tokenizer = load_tokenizer(pair_dir / "target")
     builder = PipelineBuilder().target(target).draft(draft).scorer("holistic")
-    builder.selector("topk", keep_ratio=keep_ratio).scheduler(scheduler, gamma=gamma)
+    builder.selector("topk", keep_ratio=keep_ratio)
+    builder.scheduler(scheduler, **({} if scheduler == "auto" else {"gamma": gamma}))
     if compile_target:
         builder.compile("target")
     pipe = builder.build()

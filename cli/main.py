@@ -84,7 +84,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return _cmd_demo_tiny(args)
     if args.frames is not None or args.size is not None:
         raise HippoError("--frames and --size apply to the random tiny pairs (--adapter NAME) only")
-    from hippo.cli.demo import DEFAULT_GAMMA, DEFAULT_KEEP_RATIO, MAX_NEW_TOKENS, format_comparison, run_demo
+    from hippo.cli.demo import (
+        DEFAULT_GAMMA,
+        DEFAULT_KEEP_RATIO,
+        DEFAULT_SCHEDULER,
+        MAX_NEW_TOKENS,
+        format_comparison,
+        run_demo,
+    )
     from hippo.cli.video_commands import check_output, quiet_transformers, text_streamer
 
     check_output(None if args.json == "-" else args.json, "--json")
@@ -95,6 +102,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             question=args.question,
             max_new_tokens=_given(args.max_new_tokens, MAX_NEW_TOKENS),
+            # --gamma fixes γ on the serial schedule; without it the planner chooses (scheduler auto)
+            scheduler=DEFAULT_SCHEDULER if args.gamma is None else "serial",
             gamma=_given(args.gamma, DEFAULT_GAMMA),
             keep_ratio=_given(args.keep_ratio, DEFAULT_KEEP_RATIO),
             streamer_factory=None if args.json == "-" else text_streamer,
@@ -320,7 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--gamma",
         type=_int_or_auto,
-        help="draft length γ per round, or 'auto' (from the cost model; the default; 5 with --adapter)",
+        help=(
+            "draft length γ per round on the serial schedule, or 'auto' (from the cost model); without "
+            "it the planner chooses the schedule and γ (5 with --adapter)"
+        ),
     )
     d.add_argument(
         "--keep-ratio",

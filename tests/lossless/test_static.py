@@ -72,18 +72,11 @@ def test_compiled_sessions_equal_target_generate(adapter):
 
 @pytest.mark.skipif(COMPILED not in hm.names("adapters"), reason=f"{COMPILED} adapter not installed")
 def test_compiled_target_samples_the_target_law():
+    """The law check with its stated power (>= 0.95 against a 5% TV error) on a compiled target."""
     res = assert_sampling_exact(
-        lambda case: case.builder("serial").compile("target"),
-        adapter=COMPILED,
-        draft="self",
-        gamma=2,
-        temperature=1.5,
-        top_k=2,
-        new_tokens=4,
-        runs=hs.law_runs(),
-        sensitivity=None,
+        lambda case: case.builder("serial").compile("target"), adapter=COMPILED, temperature=0.005
     )
-    assert res.runs == hs.law_runs()
+    assert res.power >= 0.95, res.summary()
 
 
 def test_sessions_are_static_and_rollback_is_a_position_reset(monkeypatch):
