@@ -73,15 +73,15 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
         "hippo.adapters.video_salmonn2_plus_tiny"  # synthetic_inputs(..., audio=None | False | wave)
     )
 
-    def build_inputs(
+    def build_inputs(  # as Adapter.build_inputs; audio [S] mono 16 kHz: the video's audio track
         self,
         tokenizer: Any,
-        clip: VideoClip,  # frames [T, H, W, 3] uint8
+        clip: VideoClip,
         prompt: str,
         *,
-        max_pixels: int | None = None,  # per frame; sides become multiples of patch x merge (28)
-        video_processor: Any = None,
-        audio: torch.Tensor | None = None,  # [S] mono 16 kHz: the video's audio track
+        max_pixels=None,
+        video_processor=None,
+        audio=None,
     ) -> dict[str, Any]:
         """The released data pipeline's inputs for a user turn [video with its audio, prompt].
 
