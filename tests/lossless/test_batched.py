@@ -109,9 +109,7 @@ def test_batch_rows_equal_their_own_generate(adapter, corrupting_drafter):
         role = data.draw(st.sampled_from(["self", "self", "draft"]), label="draft")
         draft = target if role == "self" else hm.tiny(adapter, "draft")
         wrong = data.draw(st.none() | hs.corrupt_patterns, label="corrupted positions")
-        selector, scorer = data.draw(
-            st.sampled_from(hr.supported_pairs(adapter)), label="selector, scorer"
-        )
+        selector, scorer = data.draw(st.sampled_from(hr.supported_pairs(adapter)), label="selector, scorer")
         pipe = hr.build_pipeline(
             target,
             draft if scheduler == "serial" else None,
