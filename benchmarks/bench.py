@@ -422,7 +422,9 @@ def run(
                     draw_timeline(events, timeline, title=f"hippo bench: {m.name}")
                 )
                 log(f"    timeline of the hippo row, video 0: {timeline}")
-            if project and m.group == "main":
+            if (
+                project and m.group == "main" and not m.untrained_draft
+            ):  # projected on the trained pair's costs
                 results[m.name]["projected"] = _project(m, w, per_video, gen)
             log(f"  {m.name}: {statistics.median(v['seconds'] for v in per_video):.3f}s/video")
         except Exception as exc:  # a baseline that cannot run is reported, not fatal
