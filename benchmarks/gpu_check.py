@@ -44,6 +44,12 @@ Exit status: 0 PASS, 1 FAIL, 2 when `--device cuda` was asked and there is no CU
 
 It needs no installed entry points: when hippo's built-in plugins are not installed (a checkout on
 PYTHONPATH), it registers them from the checkout's pyproject.toml for this process and its children.
+Such a checkout needs the installed layout (hippo.X is the folder X/ for plugins, adapters, media,
+cli and benchmarks), e.g. from the repository root:
+
+    S=$(mktemp -d); mkdir $S/hippo; ln -s $PWD/hippo/* $S/hippo/
+    for x in plugins adapters media cli benchmarks; do ln -s $PWD/$x $S/hippo/$x; done
+    PYTHONPATH=$S python -m hippo.benchmarks.gpu_check
 """
 
 from __future__ import annotations
