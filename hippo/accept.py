@@ -235,33 +235,49 @@ class RoundJob(Protocol):
 
 
 def verify_round(job: RoundJob, target: Any, proposal: DraftProposal, bonus: bool = True) -> Verdict:
-    """The one verification round of every schedule: score the proposal with p in one pass, accept
-    a path with the verifier's rule, keep that path in p's cache, emit, and book the round.
+    """The one verification round of every schedule: score the proposal with p in one pass, then
+    `settle` it (accept a path, keep it in p's cache, emit, book).
 
     `target` is a `hippo.interfaces.ModelSession`; it first consumes the emitted tokens it has not seen
     (the previous round's next token). `bonus=False`: PEARL's post-verify (see the module docstring).
     """
-    t0 = time.perf_counter()
-    prefix = job.prefix()  # [T]
-    logits = target.score_proposal(prefix, proposal)  # [n+1, V] raw p: at the root, then after each node
-    scores = process_rows(job.policy, prefix, proposal, logits)  # [n+1, V]
     if not (proposal.chain or job.verifier.trees):
         raise UnsupportedError(
             f"verifier {type(job.verifier).__name__} verifies chains only, but the drafter made a token "
             "tree; use a stock verifier ('greedy', 'rejection') or leave the verifier unset"
         )
-    verdict = job.verifier.verify(proposal, scores, job.policy)
-    if not bonus and list(verdict.path) == proposal.spine():  # the draft's continuation is checked next
-        verdict = Verdict(verdict.path, None)
-    target.keep_path(prefix.shape[0], proposal, verdict.path)
-    nxt = [] if verdict.next_token is None else [verdict.next_token]
-    kept = job.emit([*proposal.tokens[list(verdict.path)].tolist(), *nxt])
-    # `kept` < accepted + 1 only in the last round (token budget or EOS reached)
+    t0 = time.perf_counter()
+    prefix = job.prefix()  # [T]
+    logits = target.score_proposal(prefix, proposal)  # [n+1, V] raw p: at the root, then after each node
+    verdict, kept = settle(
+        job, proposal, logits, lambda path: target.keep_path(prefix.shape[0], proposal, path), bonus
+    )
     a, depth = verdict.n_accepted, proposal.depth
-    job.stats.record_round(proposal.size, a, kept, a < depth)
     job.observe("target", "verify", t0, pos=prefix.shape[0], n=proposal.size, depth=depth, accepted=a,
                 rejected=depth - a, emitted=kept)  # fmt: skip
     return verdict
+
+
+def settle(
+    job: RoundJob,
+    proposal: DraftProposal,
+    logits: torch.Tensor,  # [n+1, V] raw p after the prefix and after each node (`score_proposal`)
+    keep: Callable[[tuple[int, ...]], None],  # keeps the prefix and the accepted path in p's cache
+    bonus: bool = True,
+) -> tuple[Verdict, int]:
+    """Accept a path with the verifier's rule, keep it, emit it and its next token, book the round;
+    returns the verdict and the tokens emitted. A batch (`hippo.batched`) settles each row with it."""
+    prefix = job.prefix()  # [T]
+    scores = process_rows(job.policy, prefix, proposal, logits)  # [n+1, V]
+    verdict = job.verifier.verify(proposal, scores, job.policy)
+    if not bonus and list(verdict.path) == proposal.spine():  # the draft's continuation is checked next
+        verdict = Verdict(verdict.path, None)
+    keep(verdict.path)
+    nxt = [] if verdict.next_token is None else [verdict.next_token]
+    kept = job.emit([*proposal.tokens[list(verdict.path)].tolist(), *nxt])
+    # `kept` < accepted + 1 only in the last round (token budget or EOS reached)
+    job.stats.record_round(proposal.size, verdict.n_accepted, kept, verdict.n_accepted < proposal.depth)
+    return verdict, kept
 
 
 def process_rows(

@@ -25,7 +25,7 @@ exactness already rests on; the padding costs little because a round feeds at mo
 row and `Pipeline.map` groups rows of similar prompt lengths.
 
 Acceptance, emission and bookkeeping are the batch-1 ones, row by row: each row's scores go through
-its own `TokenPolicy` (`hippo.accept.process_rows`), its verifier decides, and `DecodeJob.emit` keeps
+its own `TokenPolicy`, its verifier decides (`hippo.accept.settle`, the round's own), and `DecodeJob.emit` keeps
 the EOS and token-budget rules. So each row's answer is its own batch-1 answer: `target.generate`'s,
 greedy; the same draws from the row's generator as batch 1 when sampling.
 
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from hippo.accept import DraftProposal, process_rows
+from hippo.accept import DraftProposal, settle
 from hippo.compat import cache_arg
 from hippo.errors import InputError, UnsupportedError
 from hippo.job import DecodeJob
@@ -413,13 +413,12 @@ def _verify(target: BatchedCache, rows: Sequence[_Row], proposals: Sequence[Draf
             scores = job.policy.process(prefix, logits[b, :1])[0]
             job.emit([job.policy.choose(scores)])
             continue
-        n = prop.size
-        scores = process_rows(job.policy, prefix, prop, logits[b, : n + 1])  # [n+1, V]
-        verdict = job.verifier.verify(prop, scores, job.policy)
-        a = verdict.n_accepted
-        target.rollback(b, prefix.shape[0] + a)
-        kept = job.emit([*prop.tokens[list(verdict.path)].tolist(), verdict.next_token])
-        job.stats.record_round(n, a, kept, a < n)
+        settle(
+            job,
+            prop,
+            logits[b, : prop.size + 1],
+            lambda path, b=b, T=prefix.shape[0]: target.rollback(b, T + len(path)),
+        )
 
 
 def generate_rows(
