@@ -12,9 +12,9 @@ Notation: p = target, q = draft, γ = draft length, α = probability that a draf
 - p's curve is measured once, q's t_draft live: where the load on the machine changes, the two
   drift apart. The target-only steps are timed, and the median of the recent ones over the
   calibrated t_decode rescales p's curve (`GammaPlan.scale`).
-- α: the acceptance seen so far in this call, recent rounds weighing more (`Acceptance`). A round
-  checks its accepted tokens and, if it rejected, one more: the tokens after a rejection were never
-  checked, so they are not counted as failures.
+- α: the acceptance seen so far in this call, recent rounds weighing more, and a prior of 1/2 that
+  fades like an old round (`Acceptance`). A round checks its accepted tokens and, if it rejected, one more: the
+  tokens after a rejection were never checked, so they are not counted as failures.
 - A round of γ i.i.d.-accepted drafts emits E(γ) = (1 - α^(γ+1)) / (1 - α) tokens (Leviathan et
   al.). It costs γ·t_draft + t_verify(γ+1) when q and p take turns (`serial`, or a parallel schedule
   whose executor runs them one after the other), and max(γ·t_draft, t_verify(γ+1)) when q drafts
@@ -170,11 +170,13 @@ def costs_option(instance: Any, attribute: Any, value: dict | None) -> None:
 
 
 class Acceptance:
-    """α = (accepted + 1) / (checked + 2) over the rounds seen so far, each round's counts shrinking
-    by `DECAY` per later round. A round checked its accepted tokens plus the rejected one, if any."""
+    """α = accepted / checked over the rounds seen so far, each round's counts shrinking by `DECAY` per
+    later round. A round checked its accepted tokens plus the rejected one, if any. The prior, 1
+    accepted of 2 checked (α = 1/2), shrinks like an old round: a draft that is never right drives α
+    towards 0 (0.08 after 5 rounds), not towards a floor set by the prior."""
 
-    def __init__(self) -> None:
-        self.accepted = self.checked = 0.0
+    def __init__(self, accepted: float = 1.0, checked: float = 2.0):
+        self.accepted, self.checked = accepted, checked
         self.seen = 0  # rounds of the job's stats already counted
 
     def update(self, stats: Stats) -> float:
@@ -187,7 +189,7 @@ class Acceptance:
 
     @property
     def alpha(self) -> float:
-        return (self.accepted + 1) / (self.checked + 2)
+        return self.accepted / self.checked
 
 
 class AutoGamma:

@@ -152,14 +152,24 @@ def test_a_flipping_draft_switches_both_ways(scheduler):
     assert any(s.accepted_per_round), "drafting resumed after the target-only steps and was accepted"
 
 
+def _rounds_before_target_alone(stats) -> int:
+    kinds = [e.kind for e in stats.events if e.lane == "target" and e.kind in ("verify", "step")]
+    return kinds[1:].index("step")
+
+
 def test_beside_a_draft_thread_the_costs_overlap():
-    """q's time is hidden: on `COSTS` a round of γ = 1 costs max(0.2, 1.1) against 1.0 for the target
-    alone, so drafting stays ahead at any α > 0.1, where the estimate stays even when every draft is
-    wrong; on a steep curve drafting loses again."""
-    gentle = run("hippo", "wrong", THREAD, COSTS, own_draft=True).stats
-    assert gentle.plan["gamma"]["parallel"] is True and gentle.target_steps == 0
+    """q's time is hidden: on `COSTS` a round of γ = 1 costs max(0.2, 1.1) beside a thread against
+    0.2 + 1.1 inline, and 1.0 for the target alone. With every draft wrong, α falls from its prior
+    of 1/2 round by round: inline drafting loses below α = 0.3, beside a thread only below 0.1, so
+    the thread drafts more rounds before it hands over; on a steep curve drafting loses at once."""
+    inline = run("hippo", "wrong", INLINE, COSTS, own_draft=True).stats
+    thread = run("hippo", "wrong", THREAD, COSTS, own_draft=True).stats
+    assert thread.plan["gamma"]["parallel"] is True and inline.plan["gamma"]["parallel"] is False
+    assert inline.target_steps > 0 and thread.target_steps > 0  # α tends to 0: neither drafts on
+    assert _rounds_before_target_alone(thread) > _rounds_before_target_alone(inline) >= 1
     steep = run("hippo", "wrong", THREAD, STEEP, own_draft=True).stats
     assert steep.plan["gamma"]["parallel"] is True and steep.target_steps > 0
+    assert _rounds_before_target_alone(steep) <= _rounds_before_target_alone(inline)
 
 
 @settings(max_examples=hs.examples(0.25))
