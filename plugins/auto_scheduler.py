@@ -5,10 +5,10 @@ Notation: p = target, q = draft, γ = draft length, α = the probability a draft
 Measured on the first job of a new machine + model pair (`measure`), with `hippo.cost`'s calibration:
 t_verify(k) of p for the widths a round may verify, and t_draft, one step of q on all visual tokens
 ("full") and on the pipeline's kept ones ("pruned"). They are cached in `<cache_dir>/<key>.json`
-(default ~/.cache/hippo/costs/), keyed by a fingerprint of the CPU (model and flags), the device,
-the thread count, torch and transformers, and each model's config and parameters (`model_digest`);
-a change of any of them is another key, and a file that cannot be read is measured again and
-rewritten.
+(default ~/.cache/hippo/costs/), keyed by a fingerprint of the CPU (model and flags), the kernels
+torch picks on it (`ISA_VARIABLES` can cap them), the device, the thread count, torch and
+transformers, and each model's config and parameters (`model_digest`); a change of any of them is
+another key, and a file that cannot be read is measured again and rewritten.
 
 Each job then gets the schedule of the most predicted tokens/s (`predict`):
 - autoregressive, 1 / t_decode, chosen only when even a draft that is always right (α = 1) would lose;
@@ -55,6 +55,8 @@ from hippo.registry import lookup
 DRAFTING = ("serial", "hippo", "pearl")
 #: the cache's format; a file of another version is measured again
 VERSION = 1
+#: environment variables that cap the instruction set of torch's, oneDNN's and MKL's kernels
+ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def default_cache_dir() -> Path:
@@ -104,6 +106,8 @@ def fingerprint(target: torch.nn.Module, draft: torch.nn.Module) -> dict[str, An
         if model_device(target).type == "cuda"
         else None,
         "threads": torch.get_num_threads(),
+        # the kernels torch, oneDNN and MKL pick; the variables cap them below what the CPU offers
+        "kernels": [torch.backends.cpu.get_cpu_capability()] + [os.environ.get(v) for v in ISA_VARIABLES],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "target": model_digest(target),
