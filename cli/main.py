@@ -10,19 +10,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
-# Busy-waiting OpenMP threads starve a second process (the draft's, or anything else on a small
-# machine); passive waiting costs little. Must be set before torch runs its first parallel region.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import hippo  # noqa: E402
-from hippo.errors import HippoError, one_line  # noqa: E402
+import hippo
+from hippo.errors import HippoError, one_line
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
