@@ -12,12 +12,12 @@ import torch
 from transformers import GenerationConfig
 
 from hippo.batch import Record, Result, map_records
-from hippo.batched import batch_gamma, generate_rows
+from hippo.batched import PlainParts, batch_gamma, decode_jobs
 from hippo.context import Turn, VideoContext, build_context
 from hippo.conversation import Conversation, Question, as_ids, text_question_ids
-from hippo.errors import ConfigError, InputError
+from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, SessionKind, Verifier
-from hippo.job import DecodeJob
+from hippo.job import DecodeJob, Parts
 from hippo.registry import lookup, plugin_manager
 from hippo.sampling import TokenPolicy, make_generator, resolve_generation_config
 from hippo.types import GenerateOutput
@@ -116,11 +116,24 @@ class Pipeline:
         raise UnsupportedError (decode those rows one by one with `generate`)."""
         for x in inputs:
             self._check_inputs(x)
-        rows = per_row if per_row is not None else [{}] * len(inputs)
-        if len(rows) != len(inputs):
-            raise InputError(f"{len(inputs)} rows of inputs but {len(rows)} per_row settings")
-        gen = [{**generation_kwargs, **r} for r in rows]
-        return generate_rows(self, list(inputs), gen, seeds, generation_config)
+        gamma = batch_gamma(self)
+        if gamma is None:
+            raise UnsupportedError(
+                f"scheduler {self.names.get('scheduler', type(self.scheduler).__name__)!r} has no batched "
+                "form; batched decoding runs 'serial' (fixed gamma) or 'autoregressive'"
+            )
+        n = len(inputs)
+        rows = per_row if per_row is not None else [{}] * n
+        seeds = seeds if seeds is not None else [None] * n
+        if len(rows) != n or len(seeds) != n:
+            raise InputError(f"{n} rows of inputs but {len(rows)} per_row settings and {len(seeds)} seeds")
+        parts = PlainParts(self)
+        jobs = [
+            self._job(x, generation_config, {**generation_kwargs, **r}, parts=parts, seed=seed)
+            for x, r, seed in zip(inputs, rows, seeds)
+        ]
+        decode_jobs(self, jobs, gamma)
+        return [_output(job, x) for job, x in zip(jobs, inputs)]
 
     def can_batch(self) -> bool:
         """Whether `generate_batch` can decode rows together with this pipeline's schedule."""
@@ -153,17 +166,36 @@ class Pipeline:
 
         `kwargs`: `generate`'s keywords (seed, generator, streamer, progress, timeline) and settings."""
         generation_kwargs = dict(kwargs)
-        seed, generator = generation_kwargs.pop("seed", None), generation_kwargs.pop("generator", None)
-        streamer, progress = generation_kwargs.pop("streamer", None), generation_kwargs.pop("progress", None)
-        timeline = generation_kwargs.pop("timeline", False)
-        ids = inputs["input_ids"]
+        keywords = ("seed", "generator", "streamer", "progress", "timeline")
+        options = {k: generation_kwargs.pop(k) for k in keywords if k in generation_kwargs}
+        job = self._job(inputs, generation_config, generation_kwargs, source=turn, **options)
+        try:
+            self.scheduler.run(job)
+        finally:
+            job.finish()
+        return _output(job, inputs)
+
+    def _job(
+        self,
+        inputs: dict[str, Any],
+        generation_config: GenerationConfig | None,
+        generation_kwargs: dict[str, Any],
+        *,
+        parts: Parts | None = None,  # None: this pipeline's
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        streamer: Any = None,
+        progress: Callable[[str, str], None] | None = None,
+        timeline: bool = False,
+        source: Turn | None = None,  # None: the prompt of `inputs`
+    ) -> DecodeJob:
+        """The job that decodes `inputs` with these settings (`generate`'s keywords)."""
         prompt, gc, max_new, eos = self._settings(inputs, generation_config, generation_kwargs)
-        gen = make_generator(seed, generator)
-        policy = TokenPolicy.for_model(self.target, gc, prompt, gen)
+        policy = TokenPolicy.for_model(self.target, gc, prompt, make_generator(seed, generator))
         if streamer is not None:
             streamer.put(prompt)
         job = DecodeJob(
-            self,
+            self if parts is None else parts,
             inputs,
             prompt,
             policy,
@@ -173,16 +205,10 @@ class Pipeline:
             streamer,
             progress,
             record_events=timeline,
-            source=turn,
+            source=source,
         )
         job.stats.scheduler = self.names.get("scheduler", type(self.scheduler).__name__)
-        try:
-            self.scheduler.run(job)
-        finally:
-            job.finish()
-        return GenerateOutput(
-            sequences=job.prefix()[None].to(ids.device), stats=job.stats, kept_visual_index=job.kept
-        )
+        return job
 
     def _settings(
         self,
@@ -378,3 +404,9 @@ class Pipeline:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _output(job: DecodeJob, inputs: dict[str, Any]) -> GenerateOutput:
+    """What `generate` returns for a finished job: the sequence on the inputs' device, stats, kept tokens."""
+    sequences = job.prefix()[None].to(inputs["input_ids"].device)  # [1, T]
+    return GenerateOutput(sequences=sequences, stats=job.stats, kept_visual_index=job.kept)
