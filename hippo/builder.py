@@ -345,11 +345,9 @@ class PipelineBuilder:
                 "e.g. .scorer('holistic')"
             )
         names = {k: (s.name if s else "auto") for k, s in self._specs.items()}
-        pipe = Pipeline(
-            target, draft, scorer, selector, self._parts["drafter"], self._parts["verifier"], scheduler, names
-        )
-        pipe.sessions = {
+        sessions = {
             role: self._static[role] if packed is None else attrs.evolve(packed, then=self._static[role])
             for role, packed in self._packed.items()
         }
-        return pipe
+        drafter, verifier = self._parts["drafter"], self._parts["verifier"]
+        return Pipeline(target, draft, scorer, selector, drafter, verifier, scheduler, names, sessions)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from os import PathLike
 from typing import Any
 
+import attrs
 import torch
 from transformers import GenerationConfig
 
@@ -23,6 +24,7 @@ from hippo.sampling import TokenPolicy, make_generator, resolve_generation_confi
 from hippo.types import GenerateOutput
 
 
+@attrs.define(eq=False, slots=False)
 class Pipeline:
     """A target, an optional draft, and the parts that decide what the draft sees and when it runs.
 
@@ -30,32 +32,21 @@ class Pipeline:
     sample from exactly the same distribution (sampling).
     """
 
-    def __init__(
-        self,
-        target: Adapter,
-        draft: Adapter | None,
-        scorer: Scorer | None,
-        selector: Selector,
-        drafter: Drafter,
-        verifier: Verifier | None,  # None: greedy when decoding greedily, rejection when sampling
-        scheduler: Scheduler,
-        names: dict[str, str] | None = None,
-    ):
-        self.target_adapter = target
-        self.draft_adapter = draft
-        self.scorer = scorer
-        self.selector = selector
-        self.drafter = drafter
-        self.verifier = verifier
-        self.scheduler = scheduler
-        self.names = names or {}
-        self._closed = False
-        #: bytes all live video contexts may hold together (None: only the device's free memory limits)
-        self.context_budget: int | None = None
-        self._contexts: weakref.WeakSet = weakref.WeakSet()
-        #: per role ("target", "draft"): what takes over its prefilled sessions: packed weights
-        #: (`hippo.packed`) and/or a static cache, compiled (`hippo.static`); None: as prefilled
-        self.sessions: dict[str, SessionKind | None] = {"target": None, "draft": None}
+    target_adapter: Adapter
+    draft_adapter: Adapter | None
+    scorer: Scorer | None
+    selector: Selector
+    drafter: Drafter
+    verifier: Verifier | None  # None: greedy when decoding greedily, rejection when sampling
+    scheduler: Scheduler
+    names: dict[str, str] = attrs.field(factory=dict)  # part -> the name it was built under
+    #: per role ("target", "draft"): what takes over its prefilled sessions: packed weights
+    #: (`hippo.packed`) and/or a static cache, compiled (`hippo.static`); None: as prefilled
+    sessions: dict[str, SessionKind | None] = attrs.field(factory=lambda: {"target": None, "draft": None})
+    #: bytes all live video contexts may hold together (None: only the device's free memory limits)
+    context_budget: int | None = None
+    _closed: bool = attrs.field(default=False, init=False)
+    _contexts: weakref.WeakSet = attrs.field(factory=weakref.WeakSet, init=False)
 
     @property
     def target(self) -> torch.nn.Module:
