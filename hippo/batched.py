@@ -46,9 +46,9 @@ from hippo.accept import DraftProposal, settle
 from hippo.compat import cache_arg
 from hippo.errors import UnsupportedError
 from hippo.interfaces import Job
-from hippo.packed import MAX_ROWS, PackedLinears, PackedSessions
+from hippo.packed import MAX_ROWS, PackedLinears
 from hippo.registry import lookup
-from hippo.session import KVSession
+from hippo.session import KVSession, PackedSessions
 
 #: compact when at least this share of the cache's slots (beyond the longest row) are holes ...
 COMPACT_SHARE = 0.125

@@ -25,10 +25,11 @@ import torch
 from hippo.checkpoint import check_backbone_fits, check_checkpoint, check_same_backbone, load_failed
 from hippo.errors import ConfigError, ModelError
 from hippo.interfaces import Adapter, make_config
-from hippo.packed import MAX_ROWS, PackedSessions
+from hippo.packed import MAX_ROWS
 from hippo.pipeline import Pipeline
 from hippo.registry import lookup, plugin_manager, resolve_adapter
 from hippo.sampling import check_vocab
+from hippo.session import PackedSessions
 from hippo.static import ROLES, StaticSessions
 
 KINDS = ("scorer", "selector", "drafter", "verifier", "scheduler")
