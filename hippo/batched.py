@@ -4,8 +4,9 @@ batched target alone (its throughput baseline).
 Notation: p = target, q = draft, γ = draft length, B = rows, S = cache slots, W = tokens one forward
 feeds per row, V = vocabulary, P = position rows (3 for M-RoPE, 1 otherwise).
 
-Each row is a job (`hippo.interfaces.Job`) that the pipeline builds as `Pipeline.generate` builds it, on
-`PlainParts`, and that is prefilled on its own exactly as `generate` prefills it: p on the whole prompt, q on the visual tokens the pipeline's scorer and selector keep for that row. The rows'
+Each row is a job (`hippo.interfaces.Job`) that the pipeline builds as `Pipeline.generate` builds it,
+but with plain sessions, and that is prefilled on its own exactly as `generate` prefills it: p on the
+whole prompt, q on the visual tokens the pipeline's scorer and selector keep for that row. The rows'
 caches are then stacked on the batch dimension (`BatchedCache`), padded to the longest and carried
 with a per-row validity mask of the slots, and every later forward runs all live rows at once:
 
@@ -25,9 +26,9 @@ exactness already rests on; the padding costs little because a round feeds at mo
 row and `Pipeline.map` groups rows of similar prompt lengths.
 
 Acceptance, emission and bookkeeping are the batch-1 ones, row by row: each row's scores go through
-its own `TokenPolicy`, its verifier decides (`hippo.accept.settle`, the round's own), and the job's `emit` keeps
-the EOS and token-budget rules. So each row's answer is its own batch-1 answer: `target.generate`'s,
-greedy; the same draws from the row's generator as batch 1 when sampling.
+its own `TokenPolicy`, its verifier decides (`hippo.accept.settle`, the round's own), and the job's
+`emit` keeps the EOS and token-budget rules. So each row's answer is its own batch-1 answer:
+`target.generate`'s, greedy; the same draws from the row's generator as batch 1 when sampling.
 
 The target's packed linear weights (`hippo.packed`) serve the batched forwards; static-cache
 compiled sessions (`hippo.static`) do not: a batch runs on dynamic caches.
@@ -230,18 +231,6 @@ def _unchanged(proposal: DraftProposal, vocab: int) -> DraftProposal:
 
 
 # ---- the rows --------------------------------------------------------------------------------
-
-
-class PlainParts:
-    """The pipeline's parts for the rows' jobs: their batch-1 prefills keep plain `KVSession`s (the batch
-    stacks their caches; packed weights are applied to the batched forwards instead)."""
-
-    def __init__(self, pipe: Any):
-        self._pipe = pipe
-        self.sessions = {"target": None, "draft": None}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pipe, name)
 
 
 class _Row:

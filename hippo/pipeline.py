@@ -13,7 +13,7 @@ import torch
 from transformers import GenerationConfig
 
 from hippo.batch import Record, Result, map_records
-from hippo.batched import PlainParts, batch_gamma, decode_jobs
+from hippo.batched import batch_gamma, decode_jobs
 from hippo.context import Turn, VideoContext, build_context
 from hippo.conversation import Conversation, Question, as_ids, text_question_ids
 from hippo.errors import ConfigError, InputError, UnsupportedError
@@ -118,7 +118,9 @@ class Pipeline:
         seeds = seeds if seeds is not None else [None] * n
         if len(rows) != n or len(seeds) != n:
             raise InputError(f"{n} rows of inputs but {len(rows)} per_row settings and {len(seeds)} seeds")
-        parts = PlainParts(self)
+        # the rows' prefills keep plain KVSessions: the batch stacks their caches and runs its forwards
+        # on the target's packed weights itself
+        parts = attrs.evolve(self, sessions={"target": None, "draft": None})
         jobs = [
             self._job(x, generation_config, {**generation_kwargs, **r}, parts=parts, seed=seed)
             for x, r, seed in zip(inputs, rows, seeds)
