@@ -68,7 +68,7 @@ def timed(call: Callable[[], Any], repeats: int) -> tuple[Any, list[float]]:
 
 def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, natural: bool) -> dict:
     from hippo.benchmarks.bench import narrate_workload
-    from hippo.benchmarks.narration import NARRATE_BENCH
+    from hippo.cli.pair.narration import NARRATE_BENCH
 
     torch.set_num_threads(threads)
     w = narrate_workload(max(batches), 0, NARRATE_BENCH.frames, NARRATE_BENCH.size)
