@@ -30,6 +30,7 @@ import hippo
 from hippo.registry import lookup
 
 from .command import DEFAULT_OUT
+from .tables import markdown_table
 
 # ---- methods ------------------------------------------------------------------------------------
 
@@ -531,22 +532,17 @@ def summarise(results: dict, costs: dict, gamma: int) -> dict:
 
 def _headline(rows: list[dict]) -> list[str]:
     """Like the paper's Table 1: MAT, the paper's MAT, end-to-end and decode-phase speedups."""
-    lines = [
-        "| method | lossless | MAT | MAT (paper) | e2e speedup | decode-phase speedup | "
-        "projected on the paper's hardware |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['name']} | n/a: {r['error'][:100]} | | | | | |")
-            continue
-        flag = "yes" if r["identical"] else "**NO**"
-        proj = f"{r['projected_speedup']:.2f}x" if "projected_speedup" in r else ""
-        lines.append(
-            f"| {r['name']} | {flag} | {r['mat']:.2f} | {r['mat_paper']:.2f} | {r['speedup']:.2f}x | "
-            f"{r['decode_speedup']:.2f}x | {proj} |"
-        )
-    return lines
+    header = ["method", "lossless", "MAT", "MAT (paper)", "e2e speedup", "decode-phase speedup"]
+    return markdown_table([*header, "projected on the paper's hardware"], map(_headline_row, rows))
+
+
+def _headline_row(r: dict) -> list[str]:
+    if "error" in r:
+        return [r["name"], f"n/a: {r['error'][:100]}"]
+    flag = "yes" if r["identical"] else "**NO**"
+    proj = f"{r['projected_speedup']:.2f}x" if "projected_speedup" in r else ""
+    mats = [f"{r['mat']:.2f}", f"{r['mat_paper']:.2f}"]
+    return [r["name"], flag, *mats, f"{r['speedup']:.2f}x", f"{r['decode_speedup']:.2f}x", proj]
 
 
 def _details(rows: list[dict]) -> list[str]:

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from hippo.packed import PackedSessions
 from hippo.registry import lookup
+from hippo.session import PackedSessions
 
 #: HIPPO Table 2 (video-SALMONN2+ 7B draft / 72B target, 4x H200, 256 new tokens, seconds)
 PAPER = {

@@ -161,27 +161,25 @@ def ratios(results: list[dict]) -> list[dict]:
 
 
 def table(results: list[dict], scale: list[dict]) -> str:
-    lines = [
-        "| scorer | N | d | frame | seconds | ns/token | peak extra MiB | extra / embeddings |",
-        "|---|---:|---:|---|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        if "error" in r:
-            lines.append(f"| {r['scorer']} | {r['n']} | {r['d']} | | error: {r['error']} | | | |")
-            continue
-        flag = " (masked)" if r["peak_masked"] else ""
-        lines.append(
-            f"| {r['scorer']} | {r['n']} | {r['d']} | {r['frame']} | {r['seconds']:.3f} | {r['ns_per_token']:.0f} | "
-            f"{r['peak_extra_bytes'] / 2**20:.1f}{flag} | {r['extra_vs_embeddings']:.2f}x |"
-        )
-    lines += ["", "| scorer | d | per-token time, N large / N small | goal |", "|---|---:|---|---|"]
-    for s in scale:
-        ok = "ok" if s["per_token_ratio"] <= 1.2 else "over"
-        lines.append(
-            f"| {s['scorer']} | {s['d']} | {s['per_token_ratio']:.2f}x ({s['n_large']} vs {s['n_small']}) | "
-            f"<= 1.2x: {ok} |"
-        )
-    return "\n".join(lines)
+    from .tables import markdown_table  # the workers run this file as a script
+
+    header = ["scorer", "N", "d", "frame", "seconds", "ns/token", "peak extra MiB", "extra / embeddings"]
+    lines = markdown_table(header, map(_result_row, results), align="lrrlrrrr")
+    scaling = [
+        [s["scorer"], s["d"], f"{s['per_token_ratio']:.2f}x ({s['n_large']} vs {s['n_small']})",
+         "<= 1.2x: " + ("ok" if s["per_token_ratio"] <= 1.2 else "over")]
+        for s in scale
+    ]  # fmt: skip
+    header = ["scorer", "d", "per-token time, N large / N small", "goal"]
+    return "\n".join([*lines, "", *markdown_table(header, scaling, align="lr")])
+
+
+def _result_row(r: dict) -> list[object]:
+    if "error" in r:
+        return [r["scorer"], r["n"], r["d"], "", f"error: {r['error']}"]
+    flag = " (masked)" if r["peak_masked"] else ""
+    return [r["scorer"], r["n"], r["d"], r["frame"], f"{r['seconds']:.3f}", f"{r['ns_per_token']:.0f}",
+            f"{r['peak_extra_bytes'] / 2**20:.1f}{flag}", f"{r['extra_vs_embeddings']:.2f}x"]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

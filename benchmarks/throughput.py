@@ -25,6 +25,8 @@ import torch
 
 import hippo
 
+from .tables import markdown_table
+
 #: hippo rows: (name, scheduler, scheduler options, pruning parts)
 HIPPO_ROWS: list[tuple[str, str, dict, dict]] = [
     ("hippo batched, target alone", "autoregressive", {}, {}),
@@ -66,7 +68,7 @@ def timed(call: Callable[[], Any], repeats: int) -> tuple[Any, list[float]]:
 
 def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, natural: bool) -> dict:
     from hippo.benchmarks.bench import narrate_workload
-    from hippo.benchmarks.narration import NARRATE_BENCH
+    from hippo.cli.pair.narration import NARRATE_BENCH
 
     torch.set_num_threads(threads)
     w = narrate_workload(max(batches), 0, NARRATE_BENCH.frames, NARRATE_BENCH.size)
@@ -142,12 +144,12 @@ def _length(seq: list[int], model: Any, max_new: int) -> int:
 
 def markdown(table: dict, batches: list[int]) -> str:
     """Tokens/s of the whole call, and of the decode phase (after the first token), per batch size."""
-    cols = [f"batch {b} tok/s (decode)" for b in batches]
-    lines = ["| method | " + " | ".join(cols) + " |", "|---" * (len(batches) + 1) + "|"]
-    for name, cells in table.items():
-        vals = [f"{cells[b]['tok_s']:.1f} ({cells[b]['decode_tok_s']:.1f})" for b in batches]
-        lines.append(f"| {name} | " + " | ".join(vals) + " |")
-    return "\n".join(lines)
+    header = ["method", *(f"batch {b} tok/s (decode)" for b in batches)]
+    rows = [
+        [name, *(f"{cells[b]['tok_s']:.1f} ({cells[b]['decode_tok_s']:.1f})" for b in batches)]
+        for name, cells in table.items()
+    ]
+    return "\n".join(markdown_table(header, rows))
 
 
 def main(argv: list[str] | None = None) -> None:

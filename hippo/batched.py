@@ -4,7 +4,8 @@ batched target alone (its throughput baseline).
 Notation: p = target, q = draft, γ = draft length, B = rows, S = cache slots, W = tokens one forward
 feeds per row, V = vocabulary, P = position rows (3 for M-RoPE, 1 otherwise).
 
-Each row is a `DecodeJob`, prefilled on its own exactly as `Pipeline.generate` prefills it: p on the
+Each row is a job (`hippo.interfaces.Job`) that the pipeline builds as `Pipeline.generate` builds it,
+but with plain sessions, and that is prefilled on its own exactly as `generate` prefills it: p on the
 whole prompt, q on the visual tokens the pipeline's scorer and selector keep for that row. The rows'
 caches are then stacked on the batch dimension (`BatchedCache`), padded to the longest and carried
 with a per-row validity mask of the slots, and every later forward runs all live rows at once:
@@ -25,9 +26,9 @@ exactness already rests on; the padding costs little because a round feeds at mo
 row and `Pipeline.map` groups rows of similar prompt lengths.
 
 Acceptance, emission and bookkeeping are the batch-1 ones, row by row: each row's scores go through
-its own `TokenPolicy`, its verifier decides (`hippo.accept.settle`, the round's own), and `DecodeJob.emit` keeps
-the EOS and token-budget rules. So each row's answer is its own batch-1 answer: `target.generate`'s,
-greedy; the same draws from the row's generator as batch 1 when sampling.
+its own `TokenPolicy`, its verifier decides (`hippo.accept.settle`, the round's own), and the job's
+`emit` keeps the EOS and token-budget rules. So each row's answer is its own batch-1 answer:
+`target.generate`'s, greedy; the same draws from the row's generator as batch 1 when sampling.
 
 The target's packed linear weights (`hippo.packed`) serve the batched forwards; static-cache
 compiled sessions (`hippo.static`) do not: a batch runs on dynamic caches.
@@ -44,13 +45,11 @@ import torch
 
 from hippo.accept import DraftProposal, settle
 from hippo.compat import cache_arg
-from hippo.errors import InputError, UnsupportedError
-from hippo.job import DecodeJob
-from hippo.packed import MAX_ROWS, PackedLinears, PackedSessions
+from hippo.errors import UnsupportedError
+from hippo.interfaces import Job
+from hippo.packed import MAX_ROWS, PackedLinears
 from hippo.registry import lookup
-from hippo.sampling import TokenPolicy, make_generator
-from hippo.session import KVSession
-from hippo.types import GenerateOutput
+from hippo.session import KVSession, PackedSessions
 
 #: compact when at least this share of the cache's slots (beyond the longest row) are holes ...
 COMPACT_SHARE = 0.125
@@ -234,45 +233,17 @@ def _unchanged(proposal: DraftProposal, vocab: int) -> DraftProposal:
 # ---- the rows --------------------------------------------------------------------------------
 
 
-class _Plain:
-    """The pipeline's parts, for batch-1 prefills whose sessions stay plain `KVSession`s (the batch
-    stacks their caches; packed weights are applied to the batched forwards instead)."""
-
-    def __init__(self, pipe: Any):
-        self._pipe = pipe
-        self.sessions = {"target": None, "draft": None}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pipe, name)
-
-
 class _Row:
     """One row: its job, the tokens its draft consumed after the prompt, and its decode seconds."""
 
-    def __init__(self, job: DecodeJob):
+    def __init__(self, job: Job):
         self.job = job
         self.draft_generated: list[int] = []
         self.seconds_target = 0.0
         self.seconds_draft = 0.0
 
 
-def row_job(
-    pipe: Any,
-    inputs: dict[str, Any],
-    generation_config: Any = None,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
-    generation_kwargs: dict[str, Any] | None = None,
-) -> DecodeJob:
-    """The job `Pipeline.generate` would run for `inputs`, on parts whose sessions stay plain."""
-    prompt, gc, max_new, eos = pipe._settings(inputs, generation_config, dict(generation_kwargs or {}))
-    policy = TokenPolicy.for_model(pipe.target, gc, prompt, make_generator(seed, generator))
-    job = DecodeJob(_Plain(pipe), inputs, prompt, policy, pipe._verifier_for(gc.do_sample), max_new, eos)
-    job.stats.scheduler = pipe.names.get("scheduler", type(pipe.scheduler).__name__)
-    return job
-
-
-def decode_jobs(pipe: Any, jobs: Sequence[DecodeJob], gamma: int) -> None:
+def decode_jobs(pipe: Any, jobs: Sequence[Job], gamma: int) -> None:
     """Decode the jobs together: speculative rounds of up to γ draft tokens, or the target alone
     (γ = 0). Prefills each job on its own, runs all to the end and finishes them (their stats)."""
     rows = [_Row(j) for j in jobs]
@@ -409,7 +380,7 @@ def _verify(target: BatchedCache, rows: Sequence[_Row], proposals: Sequence[Draf
     for b, (row, prop) in enumerate(zip(rows, proposals)):
         job = row.job
         prefix = job.prefix()  # [T]
-        if prop is None:  # the target alone: `DecodeJob.target_step`
+        if prop is None:  # the target alone, as `Job.target_step`
             scores = job.policy.process(prefix, logits[b, :1])[0]
             job.emit([job.policy.choose(scores)])
             continue
@@ -419,44 +390,6 @@ def _verify(target: BatchedCache, rows: Sequence[_Row], proposals: Sequence[Draf
             logits[b, : prop.size + 1],
             lambda path, b=b, T=prefix.shape[0]: target.rollback(b, T + len(path)),
         )
-
-
-def generate_rows(
-    pipe: Any,
-    inputs: Sequence[dict[str, Any]],
-    generation: Sequence[dict[str, Any]] | None = None,
-    seeds: Sequence[int | None] | None = None,
-    generation_config: Any = None,
-) -> list[GenerateOutput]:
-    """One output per row of `inputs`, decoded together (see the module docstring); row i with the
-    generation settings `generation[i]` and seed `seeds[i]`. The schedule is the pipeline's:
-    `autoregressive` (the target alone) or `serial` with a fixed γ."""
-    gamma = batch_gamma(pipe)
-    if gamma is None:
-        raise UnsupportedError(
-            f"scheduler {pipe.names.get('scheduler', type(pipe.scheduler).__name__)!r} has no batched "
-            "form; batched decoding runs 'serial' (fixed gamma) or 'autoregressive'"
-        )
-    n = len(inputs)
-    generation = list(generation) if generation is not None else [{}] * n
-    seeds = list(seeds) if seeds is not None else [None] * n
-    if len(generation) != n or len(seeds) != n:
-        raise InputError(
-            f"{n} rows of inputs but {len(generation)} generation settings and {len(seeds)} seeds"
-        )
-    jobs = [
-        row_job(pipe, x, generation_config, seed, None, gen)
-        for x, gen, seed in zip(inputs, generation, seeds)
-    ]
-    decode_jobs(pipe, jobs, gamma)
-    return [
-        GenerateOutput(
-            sequences=job.prefix()[None].to(x["input_ids"].device),
-            stats=job.stats,
-            kept_visual_index=job.kept,
-        )
-        for job, x in zip(jobs, inputs)
-    ]
 
 
 def batch_gamma(pipe: Any) -> int | None:

@@ -25,10 +25,11 @@ import torch
 from hippo.checkpoint import check_backbone_fits, check_checkpoint, check_same_backbone, load_failed
 from hippo.errors import ConfigError, ModelError
 from hippo.interfaces import Adapter, make_config
-from hippo.packed import MAX_ROWS, PackedSessions
+from hippo.packed import MAX_ROWS
 from hippo.pipeline import Pipeline
 from hippo.registry import lookup, plugin_manager, resolve_adapter
 from hippo.sampling import check_vocab
+from hippo.session import PackedSessions
 from hippo.static import ROLES, StaticSessions
 
 KINDS = ("scorer", "selector", "drafter", "verifier", "scheduler")
@@ -345,11 +346,9 @@ class PipelineBuilder:
                 "e.g. .scorer('holistic')"
             )
         names = {k: (s.name if s else "auto") for k, s in self._specs.items()}
-        pipe = Pipeline(
-            target, draft, scorer, selector, self._parts["drafter"], self._parts["verifier"], scheduler, names
-        )
-        pipe.sessions = {
+        sessions = {
             role: self._static[role] if packed is None else attrs.evolve(packed, then=self._static[role])
             for role, packed in self._packed.items()
         }
-        return pipe
+        drafter, verifier = self._parts["drafter"], self._parts["verifier"]
+        return Pipeline(target, draft, scorer, selector, drafter, verifier, scheduler, names, sessions)

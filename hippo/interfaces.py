@@ -270,6 +270,17 @@ class Job(Protocol):
     def target_step(self, target: ModelSession) -> None: ...
     def verify_round(self, target: ModelSession, proposal: DraftProposal, bonus: bool = True) -> Verdict: ...
 
+    # A batch (`hippo.batched`) drives its rows' jobs itself: one forward for all rows, then each row
+    # settles its round as `verify_round` does (`hippo.accept.settle`, through `emit`). It also reads:
+    tokens: list[int]  # the emitted tokens
+    verifier: Verifier
+
+    @property
+    def length(self) -> int: ...  # T: prompt + emitted tokens
+    def prefill_draft(self) -> ModelSession: ...
+    def emit(self, tokens: Sequence[int]) -> int: ...  # returns how many were kept (EOS, token budget)
+    def finish(self) -> None: ...  # books the stats and closes the sessions
+
 
 class Scheduler(Component):
     """Decides when the draft drafts and the target verifies. It never decides *what* is emitted."""

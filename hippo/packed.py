@@ -25,12 +25,9 @@ import weakref
 from contextlib import nullcontext
 from typing import Any
 
-import attrs
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-
-from hippo.errors import ConfigError
 
 #: row counts (tokens of one forward) routed to the packed weights by default: a verification's
 #: γ+1 and a draft's catch-up, never a prompt's prefill
@@ -124,30 +121,3 @@ def _decoder_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
 
 _PACKINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
-
-
-@attrs.frozen
-class PackedSessions:
-    """Run a role's sessions with packed linear weights for forwards of 2..`max_rows` tokens.
-
-    `open` gives a prefilled `KVSession` its model's packing; a model it cannot pack (not CPU fp32,
-    no oneDNN) or another kind of session runs as before, so the default costs nothing there.
-    `then`: the role's static-cache kind (`hippo.static`), applied first.
-    """
-
-    max_rows: int = attrs.field(default=MAX_ROWS)
-    then: Any = None
-
-    @max_rows.validator
-    def _max_rows(self, _attr, value):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 2:
-            raise ConfigError(f"pack max_rows must be an int >= 2 (tokens of one forward), got {value!r}")
-
-    def open(self, session: Any, new_tokens: int) -> Any:
-        from hippo.session import KVSession
-
-        if self.then is not None:
-            session = self.then.open(session, new_tokens)
-        if isinstance(session, KVSession):  # another session kind (a plugin's) runs as it is
-            session.packed, session.packed_rows = PackedLinears.of(session.model), self.max_rows
-        return session

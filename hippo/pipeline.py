@@ -8,21 +8,23 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from os import PathLike
 from typing import Any
 
+import attrs
 import torch
 from transformers import GenerationConfig
 
 from hippo.batch import Record, Result, map_records
-from hippo.batched import batch_gamma, generate_rows
+from hippo.batched import batch_gamma, decode_jobs
 from hippo.context import Turn, VideoContext, build_context
 from hippo.conversation import Conversation, Question, as_ids, text_question_ids
-from hippo.errors import ConfigError, InputError
+from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, SessionKind, Verifier
-from hippo.job import DecodeJob
+from hippo.job import DecodeJob, Parts
 from hippo.registry import lookup, plugin_manager
 from hippo.sampling import TokenPolicy, make_generator, resolve_generation_config
 from hippo.types import GenerateOutput
 
 
+@attrs.define(eq=False, slots=False)
 class Pipeline:
     """A target, an optional draft, and the parts that decide what the draft sees and when it runs.
 
@@ -30,32 +32,21 @@ class Pipeline:
     sample from exactly the same distribution (sampling).
     """
 
-    def __init__(
-        self,
-        target: Adapter,
-        draft: Adapter | None,
-        scorer: Scorer | None,
-        selector: Selector,
-        drafter: Drafter,
-        verifier: Verifier | None,  # None: greedy when decoding greedily, rejection when sampling
-        scheduler: Scheduler,
-        names: dict[str, str] | None = None,
-    ):
-        self.target_adapter = target
-        self.draft_adapter = draft
-        self.scorer = scorer
-        self.selector = selector
-        self.drafter = drafter
-        self.verifier = verifier
-        self.scheduler = scheduler
-        self.names = names or {}
-        self._closed = False
-        #: bytes all live video contexts may hold together (None: only the device's free memory limits)
-        self.context_budget: int | None = None
-        self._contexts: weakref.WeakSet = weakref.WeakSet()
-        #: per role ("target", "draft"): what takes over its prefilled sessions: packed weights
-        #: (`hippo.packed`) and/or a static cache, compiled (`hippo.static`); None: as prefilled
-        self.sessions: dict[str, SessionKind | None] = {"target": None, "draft": None}
+    target_adapter: Adapter
+    draft_adapter: Adapter | None
+    scorer: Scorer | None
+    selector: Selector
+    drafter: Drafter
+    verifier: Verifier | None  # None: greedy when decoding greedily, rejection when sampling
+    scheduler: Scheduler
+    names: dict[str, str] = attrs.field(factory=dict)  # part -> the name it was built under
+    #: per role ("target", "draft"): what takes over its prefilled sessions: packed weights
+    #: (`hippo.packed`) and/or a static cache, compiled (`hippo.static`); None: as prefilled
+    sessions: dict[str, SessionKind | None] = attrs.field(factory=lambda: {"target": None, "draft": None})
+    #: bytes all live video contexts may hold together (None: only the device's free memory limits)
+    context_budget: int | None = None
+    _closed: bool = attrs.field(default=False, init=False)
+    _contexts: weakref.WeakSet = attrs.field(factory=weakref.WeakSet, init=False)
 
     @property
     def target(self) -> torch.nn.Module:
@@ -116,11 +107,26 @@ class Pipeline:
         raise UnsupportedError (decode those rows one by one with `generate`)."""
         for x in inputs:
             self._check_inputs(x)
-        rows = per_row if per_row is not None else [{}] * len(inputs)
-        if len(rows) != len(inputs):
-            raise InputError(f"{len(inputs)} rows of inputs but {len(rows)} per_row settings")
-        gen = [{**generation_kwargs, **r} for r in rows]
-        return generate_rows(self, list(inputs), gen, seeds, generation_config)
+        gamma = batch_gamma(self)
+        if gamma is None:
+            raise UnsupportedError(
+                f"scheduler {self.names.get('scheduler', type(self.scheduler).__name__)!r} has no batched "
+                "form; batched decoding runs 'serial' (fixed gamma) or 'autoregressive'"
+            )
+        n = len(inputs)
+        rows = per_row if per_row is not None else [{}] * n
+        seeds = seeds if seeds is not None else [None] * n
+        if len(rows) != n or len(seeds) != n:
+            raise InputError(f"{n} rows of inputs but {len(rows)} per_row settings and {len(seeds)} seeds")
+        # the rows' prefills keep plain KVSessions: the batch stacks their caches and runs its forwards
+        # on the target's packed weights itself
+        parts = attrs.evolve(self, sessions={"target": None, "draft": None})
+        jobs = [
+            self._job(x, generation_config, {**generation_kwargs, **r}, parts=parts, seed=seed)
+            for x, r, seed in zip(inputs, rows, seeds)
+        ]
+        decode_jobs(self, jobs, gamma)
+        return [_output(job, x) for job, x in zip(jobs, inputs)]
 
     def can_batch(self) -> bool:
         """Whether `generate_batch` can decode rows together with this pipeline's schedule."""
@@ -153,17 +159,36 @@ class Pipeline:
 
         `kwargs`: `generate`'s keywords (seed, generator, streamer, progress, timeline) and settings."""
         generation_kwargs = dict(kwargs)
-        seed, generator = generation_kwargs.pop("seed", None), generation_kwargs.pop("generator", None)
-        streamer, progress = generation_kwargs.pop("streamer", None), generation_kwargs.pop("progress", None)
-        timeline = generation_kwargs.pop("timeline", False)
-        ids = inputs["input_ids"]
+        keywords = ("seed", "generator", "streamer", "progress", "timeline")
+        options = {k: generation_kwargs.pop(k) for k in keywords if k in generation_kwargs}
+        job = self._job(inputs, generation_config, generation_kwargs, source=turn, **options)
+        try:
+            self.scheduler.run(job)
+        finally:
+            job.finish()
+        return _output(job, inputs)
+
+    def _job(
+        self,
+        inputs: dict[str, Any],
+        generation_config: GenerationConfig | None,
+        generation_kwargs: dict[str, Any],
+        *,
+        parts: Parts | None = None,  # None: this pipeline's
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        streamer: Any = None,
+        progress: Callable[[str, str], None] | None = None,
+        timeline: bool = False,
+        source: Turn | None = None,  # None: the prompt of `inputs`
+    ) -> DecodeJob:
+        """The job that decodes `inputs` with these settings (`generate`'s keywords)."""
         prompt, gc, max_new, eos = self._settings(inputs, generation_config, generation_kwargs)
-        gen = make_generator(seed, generator)
-        policy = TokenPolicy.for_model(self.target, gc, prompt, gen)
+        policy = TokenPolicy.for_model(self.target, gc, prompt, make_generator(seed, generator))
         if streamer is not None:
             streamer.put(prompt)
         job = DecodeJob(
-            self,
+            self if parts is None else parts,
             inputs,
             prompt,
             policy,
@@ -173,16 +198,10 @@ class Pipeline:
             streamer,
             progress,
             record_events=timeline,
-            source=turn,
+            source=source,
         )
         job.stats.scheduler = self.names.get("scheduler", type(self.scheduler).__name__)
-        try:
-            self.scheduler.run(job)
-        finally:
-            job.finish()
-        return GenerateOutput(
-            sequences=job.prefix()[None].to(ids.device), stats=job.stats, kept_visual_index=job.kept
-        )
+        return job
 
     def _settings(
         self,
@@ -378,3 +397,9 @@ class Pipeline:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _output(job: DecodeJob, inputs: dict[str, Any]) -> GenerateOutput:
+    """What `generate` returns for a finished job: the sequence on the inputs' device, stats, kept tokens."""
+    sequences = job.prefix()[None].to(inputs["input_ids"].device)  # [1, T]
+    return GenerateOutput(sequences=sequences, stats=job.stats, kept_visual_index=job.kept)

@@ -1,4 +1,5 @@
-"""A decoder with its KV cache, addressed by logical sequence positions."""
+"""A decoder with its KV cache, addressed by logical sequence positions, and `PackedSessions`, the session
+kind that runs its few-token forwards on packed linear weights (`hippo.packed`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
+import attrs
 import torch
 
 from hippo.compat import cache_arg
-from hippo.errors import UnsupportedError
+from hippo.errors import ConfigError, UnsupportedError
 from hippo.interfaces import ModelSession
+from hippo.packed import MAX_ROWS, PackedLinears
 
 #: (start, k) -> position ids [P, 1, k] for the logical tokens start .. start+k-1 after the prompt
 PositionFn = Callable[[int, int], torch.Tensor]
@@ -54,7 +57,7 @@ class KVSession(ModelSession):
         self.seconds_decode = 0.0
         self.forwards = 0
         self._block: tuple[int, torch.Tensor, torch.Tensor] | None = None  # forward_masked, until keep
-        self.packed: Any = None  # hippo.packed.PackedLinears (packed linear weights, set by packed) ...
+        self.packed: PackedLinears | None = None  # packed linear weights (set by PackedSessions) ...
         self.packed_rows = 0  # ... for forwards of 2..packed_rows tokens
 
     @torch.inference_mode()
@@ -191,3 +194,28 @@ def fork_cache(cache: Any) -> Any:
     out = copy.copy(cache)
     out.layers = [copy.copy(layer) for layer in layers]
     return out
+
+
+@attrs.frozen
+class PackedSessions:
+    """Run a role's sessions with packed linear weights for forwards of 2..`max_rows` tokens.
+
+    `open` gives a prefilled `KVSession` its model's packing; a model it cannot pack (not CPU fp32,
+    no oneDNN) or another kind of session runs as before, so the default costs nothing there.
+    `then`: the role's static-cache kind (`hippo.static`), applied first.
+    """
+
+    max_rows: int = attrs.field(default=MAX_ROWS)
+    then: Any = None
+
+    @max_rows.validator
+    def _max_rows(self, _attr, value):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+            raise ConfigError(f"pack max_rows must be an int >= 2 (tokens of one forward), got {value!r}")
+
+    def open(self, session: Any, new_tokens: int) -> Any:
+        if self.then is not None:
+            session = self.then.open(session, new_tokens)
+        if isinstance(session, KVSession):  # another session kind (a plugin's) runs as it is
+            session.packed, session.packed_rows = PackedLinears.of(session.model), self.max_rows
+        return session

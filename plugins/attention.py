@@ -31,11 +31,11 @@ import attrs
 import torch
 
 from hippo import hookimpl
-from hippo.config import positive_int
 from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import Adapter, Encoded, Scorer, ScoringContext
-from hippo.plugins.visual_grid import compute_dtype, layer_indices, one_of, optional_int_tuple
 from hippo.types import VisualTokens
+from hippo.validators import layer_indices, one_of, optional_int_tuple, positive_int
+from hippo.visual import compute_dtype
 
 QUERY_MODES = ("after_video", "text")
 SOFTMAX_MODES = ("causal", "visual")

@@ -34,11 +34,11 @@ from typing import Any
 import attrs
 
 from hippo import hookimpl
-from hippo.config import positive_int
 from hippo.errors import ConfigError
 from hippo.executor import DraftWorker, Executor
 from hippo.job import DecodeJob
 from hippo.registry import lookup
+from hippo.validators import positive_int
 
 CHOICES = ("inline", "process")  # the executors `auto` may pick
 PROCESS_CORES = 4  # the fewest CPU cores on which greedy decoding puts the draft in its own process

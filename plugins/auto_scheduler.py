@@ -34,7 +34,6 @@ import torch
 import transformers
 
 from hippo import hookimpl
-from hippo.config import positive_int
 from hippo.cost import (
     GAMMA_MAX,
     Acceptance,
@@ -50,6 +49,7 @@ from hippo.job import DecodeJob
 from hippo.plugins.auto_executor import choose as choose_executor
 from hippo.plugins.auto_executor import usable_cores
 from hippo.registry import lookup
+from hippo.validators import positive_int
 
 #: the drafting schedules `auto` may run, in order of preference on equal predictions
 DRAFTING = ("serial", "hippo", "pearl")

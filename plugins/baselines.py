@@ -18,18 +18,10 @@ import attrs
 import torch
 
 from hippo import hookimpl
-from hippo.config import budget, keep_ratio, positive_int
 from hippo.interfaces import Selector
-from hippo.plugins.visual_grid import (
-    apportion,
-    compute_dtype,
-    frame_sizes,
-    linspace_pick,
-    number_in,
-    top_indices,
-    videos,
-)
 from hippo.types import VisualTokens
+from hippo.validators import keep_ratio, number_in, positive_int
+from hippo.visual import apportion, budget, compute_dtype, frame_sizes, linspace_pick, top_indices, videos
 
 EPS = 1e-12
 

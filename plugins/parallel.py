@@ -27,12 +27,12 @@ import torch
 
 from hippo import hookimpl
 from hippo.accept import DraftProposal, Verdict
-from hippo.config import gamma_option, positive_int
 from hippo.cost import GAMMA_START, AutoGamma, GammaPlan, costs_option
 from hippo.executor import DraftFailure, DraftWorker, Executor
 from hippo.interfaces import Scheduler, make_config
 from hippo.job import DecodeJob
 from hippo.registry import lookup
+from hippo.validators import gamma_option, positive_int
 
 log = logging.getLogger("hippo")
 

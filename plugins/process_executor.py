@@ -32,11 +32,11 @@ import torch.multiprocessing as mp
 from hippo import hookimpl
 from hippo.accept import DraftProposal
 from hippo.compat import drop_output_capturing_hooks, register_output_capturing
-from hippo.config import positive_int
 from hippo.context import DraftPrefix, EncodingStore
 from hippo.draft import DraftSide
 from hippo.executor import DraftFailure, DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
+from hippo.validators import positive_int
 
 
 def _shared(payload: Any) -> Any:

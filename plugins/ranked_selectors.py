@@ -6,17 +6,10 @@ import attrs
 import torch
 
 from hippo import hookimpl
-from hippo.config import budget, keep_ratio
 from hippo.interfaces import Selector
-from hippo.plugins.visual_grid import (
-    apportion,
-    check_scores,
-    frame_sizes,
-    linspace_pick,
-    number_in,
-    top_indices,
-)
 from hippo.types import VisualTokens
+from hippo.validators import keep_ratio, number_in
+from hippo.visual import apportion, budget, check_scores, frame_sizes, linspace_pick, top_indices
 
 
 class TopKSelector(Selector):

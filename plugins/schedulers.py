@@ -5,10 +5,10 @@ from __future__ import annotations
 import attrs
 
 from hippo import hookimpl
-from hippo.config import gamma_option
 from hippo.cost import AutoGamma, costs_option
 from hippo.interfaces import Scheduler
 from hippo.job import DecodeJob
+from hippo.validators import gamma_option
 
 
 class AutoregressiveScheduler(Scheduler):

@@ -15,21 +15,12 @@ import attrs
 import torch
 
 from hippo import hookimpl
-from hippo.config import positive_int
 from hippo.errors import ConfigError
 from hippo.interfaces import Adapter, Encoded, Scorer, ScoringContext
 from hippo.plugins.attention import QUERY_MODES, SOFTMAX_MODES, AttentionScorer
-from hippo.plugins.visual_grid import (
-    Video,
-    compute_dtype,
-    frames_per_chunk,
-    layer_indices,
-    one_of,
-    optional_int_tuple,
-    positive_number,
-    videos,
-)
 from hippo.types import VisualTokens
+from hippo.validators import layer_indices, one_of, optional_int_tuple, positive_int, positive_number
+from hippo.visual import Video, compute_dtype, frames_per_chunk, videos
 
 EPS = 1e-12  # norm floor: a zero embedding has cosine 0 with everything
 

@@ -6,9 +6,10 @@ import attrs
 import torch
 
 from hippo import hookimpl
-from hippo.config import budget, keep_ratio, optional_seed
 from hippo.interfaces import Selector
 from hippo.types import VisualTokens
+from hippo.validators import keep_ratio, optional_seed
+from hippo.visual import budget
 
 
 class FullSelector(Selector):

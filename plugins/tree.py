@@ -37,11 +37,11 @@ import torch
 
 from hippo import hookimpl
 from hippo.accept import DraftProposal
-from hippo.config import positive_int
 from hippo.errors import ConfigError
 from hippo.interfaces import Drafter, ModelSession
 from hippo.plugins.schedulers import SerialScheduler
 from hippo.sampling import TokenPolicy
+from hippo.validators import positive_int
 
 # ---- the drafter ------------------------------------------------------------------------------
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 import hippo
 from hippo.errors import ConfigError
-from hippo.packed import PackedLinears, PackedSessions, available
+from hippo.packed import PackedLinears, available
+from hippo.session import PackedSessions
 from hippo.testing import assert_greedy_lossless
 from hippo.testing import models as hm
 from hippo.testing import params as hp

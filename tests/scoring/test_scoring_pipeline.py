@@ -20,6 +20,7 @@ from hippo.cli.bias import (
 from hippo.errors import ConfigError
 from hippo.registry import registry
 from hippo.types import VisualTokens
+from hippo.visual import budget
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def test_greedy_output_is_the_targets(models, inputs, scorer, options, selector)
         ref = target.generate(**inputs, max_new_tokens=10, do_sample=False)
     assert torch.equal(out.sequences, ref)
     n = out.stats.visual_tokens
-    assert out.kept_visual_index.shape == (hippo.config.budget(n, 0.1),)
+    assert out.kept_visual_index.shape == (budget(n, 0.1),)
 
 
 def test_bad_options_fail_at_build_time():
@@ -98,7 +99,7 @@ def test_position_bias_end_to_end(models, inputs, tmp_path):
     result = position_bias(pipe, inputs, keep_ratio=0.1)
     json.loads(json.dumps(result))  # JSON-serialisable
     assert set(result["methods"]) == {"attention", "holistic"}
-    k = hippo.config.budget(result["tokens"], 0.1)
+    k = budget(result["tokens"], 0.1)
     for m in result["methods"].values():
         assert m["kept"] == k
         assert sum(p["kept"] for p in m["per_frame"]) == k

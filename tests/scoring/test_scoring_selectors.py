@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scoring_refs import grids, visual_from
 
-from hippo.config import budget
 from hippo.errors import ConfigError, InputError
 from hippo.plugins.baselines import DyCokeSelector, FastVIDSelector, FrameSelector
 from hippo.plugins.ranked_selectors import SpecVLMSelector, TopKSelector
 from hippo.registry import lookup
 from hippo.testing import strategies as hs
 from hippo.types import VisualTokens
+from hippo.visual import budget
 
 SELECTORS = [
     ("topk", {}),

@@ -1,4 +1,4 @@
-"""Helpers shared by the scorers and selectors: video/frame layout, budgets, score checks, validators.
+"""The visual sequence's layout for scorers and selectors: videos and frames, budgets, score checks.
 
 Visual tokens are laid out video after video, frame after frame, row-major inside a frame
 (`VisualTokens.grids` gives each video's (t, h, w)). Nothing here ever crosses a video boundary
@@ -8,7 +8,6 @@ unless it says so.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import attrs
 import torch
@@ -33,6 +32,11 @@ class Video:
     @property
     def stop(self) -> int:
         return self.start + self.t * self.h * self.w
+
+
+def budget(n: int, ratio: float) -> int:
+    """Number of visual tokens kept out of n at a keep ratio (at least one when n > 0)."""
+    return 0 if n == 0 else min(n, max(1, round(n * ratio)))
 
 
 def videos(visual: VisualTokens) -> Iterator[Video]:
@@ -109,60 +113,3 @@ def check_scores(visual: VisualTokens, scores: torch.Tensor | None, owner: str) 
 def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:  # scores [n] -> [k] long, unsorted
     """Indices of the k highest scores; ties go to the earlier token (deterministic)."""
     return torch.sort(scores, descending=True, stable=True).indices[:k]
-
-
-# ---- attrs validators ----------------------------------------------------------------------
-
-
-def one_of(*choices: str):
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value not in choices:
-            raise ValueError(
-                f"{attribute.name} must be one of {', '.join(map(repr, choices))}, got {value!r}"
-            )
-
-    return check
-
-
-def number_in(low: float, high: float, *, low_open: bool = False, high_open: bool = False):
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        ok = not isinstance(value, bool) and isinstance(value, (int, float))
-        if ok:
-            ok = (value > low if low_open else value >= low) and (
-                value < high if high_open else value <= high
-            )
-        if not ok:
-            lb, hb = "(" if low_open else "[", ")" if high_open else "]"
-            raise ValueError(f"{attribute.name} must be a number in {lb}{low}, {high}{hb}, got {value!r}")
-
-    return check
-
-
-def positive_number(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{attribute.name} must be a number > 0, got {value!r}")
-
-
-def optional_int_tuple(value: Any) -> tuple[int, ...] | None:
-    """Converter: None, an int, or a list of ints -> None or a tuple (JSON/TOML configs give lists)."""
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
-    if isinstance(value, (list, tuple)):
-        return tuple(value)
-    return value  # left for the validator to reject
-
-
-def layer_indices(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is None:
-        return
-    if (
-        not isinstance(value, tuple)
-        or not value
-        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    ):
-        raise ValueError(
-            f"{attribute.name} must be None (all layers) or a non-empty list of layer indices "
-            f"(negative counts from the end), got {value!r}"
-        )
