@@ -44,7 +44,7 @@ import torch
 
 from hippo.accept import DraftProposal, settle
 from hippo.compat import cache_arg
-from hippo.cost import AutoGamma, VerifyCurve, time_widths
+from hippo.cost import AutoGamma, GammaPlan, VerifyCurve, time_widths
 from hippo.errors import InputError, UnsupportedError
 from hippo.job import DecodeJob
 from hippo.packed import MAX_ROWS, PackedLinears, PackedSessions
@@ -346,7 +346,7 @@ class _DraftClock:
         return s / n
 
 
-def _decode(pipe: Any, rows: list[_Row], gamma: int | AutoGamma, plan: Any) -> None:
+def _decode(pipe: Any, rows: list[_Row], gamma: int | AutoGamma, plan: GammaPlan | None) -> None:
     drafting = plan is not None or gamma > 0
     rewrite = None
     if drafting:

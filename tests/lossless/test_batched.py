@@ -57,6 +57,18 @@ class Seen:
         )
 
 
+def draw_rows(data, adapter: str, target, least: int) -> tuple[list[hm.Prompt], list[dict]]:
+    """`least`-4 rows: prompts of different videos and lengths, each with its own greedy settings
+    (token budget, EOS position)."""
+    n = data.draw(st.integers(least, 4), label="rows")
+    prompts = [data.draw(hs.prompts(adapter, target), label=f"prompt {i}") for i in range(n)]
+    gens = []
+    for i, p in enumerate(prompts):
+        gen = {"do_sample": False, "max_new_tokens": data.draw(hs.max_new_tokens, label=f"max_new {i}")}
+        gens.append(hr.eos_stop(target, p.inputs, gen, data.draw(hs.eos_picks, label=f"EOS pick {i}"))[0])
+    return prompts, gens
+
+
 def check_batch(pipe, prompts, gens, eager: bool = False):
     """Decode `prompts` as one batch; every row must be its own `target.generate`."""
     refs = [hr.reference(pipe.target, p.inputs, **g) for p, g in zip(prompts, gens)]
@@ -100,12 +112,7 @@ def test_batch_rows_equal_their_own_generate(adapter, corrupting_drafter):
     @settings(max_examples=hs.examples(0.6))
     @given(data=st.data())
     def check(data):
-        n = data.draw(st.integers(1, 4), label="rows")
-        prompts = [data.draw(hs.prompts(adapter, target), label=f"prompt {i}") for i in range(n)]
-        gens = []
-        for i, p in enumerate(prompts):
-            gen = {"do_sample": False, "max_new_tokens": data.draw(hs.max_new_tokens, label=f"max_new {i}")}
-            gens.append(hr.eos_stop(target, p.inputs, gen, data.draw(hs.eos_picks, label=f"EOS pick {i}"))[0])
+        prompts, gens = draw_rows(data, adapter, target, 1)
         scheduler = data.draw(st.sampled_from(["serial", "serial", "autoregressive"]), label="scheduler")
         role = data.draw(st.sampled_from(["self", "self", "draft"]), label="draft")
         draft = target if role == "self" else hm.tiny(adapter, "draft")
@@ -188,12 +195,7 @@ def test_auto_batch_rows_equal_their_own_generate(adapter, corrupting_drafter, t
     @settings(max_examples=hs.examples(0.4))
     @given(data=st.data())
     def check(data):
-        n = data.draw(st.integers(2, 4), label="rows")
-        prompts = [data.draw(hs.prompts(adapter, target), label=f"prompt {i}") for i in range(n)]
-        gens = []
-        for i, p in enumerate(prompts):
-            gen = {"do_sample": False, "max_new_tokens": data.draw(hs.max_new_tokens, label=f"max_new {i}")}
-            gens.append(hr.eos_stop(target, p.inputs, gen, data.draw(hs.eos_picks, label=f"EOS pick {i}"))[0])
+        prompts, gens = draw_rows(data, adapter, target, 2)
         scheduler = data.draw(st.sampled_from(["auto", "serial"]), label="scheduler")
         costs = data.draw(st.sampled_from([SWITCHY, SWITCHY, LOSING, None]), label="costs")
         role = data.draw(st.sampled_from(["self", "draft"]), label="draft")
