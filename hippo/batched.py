@@ -323,8 +323,11 @@ def decode_jobs(pipe: Any, jobs: Sequence[DecodeJob], gamma: int | str | AutoGam
             s.notes.append(f"decoded in a batch of {len(rows)} rows")
             if plan is not None:  # the batch's choices; the row's own α and target-only steps
                 s.target_steps = row.target_steps
-                own = plan.row_acceptance.get(id(s))
-                s.plan["gamma"] = {**plan.record(), "alpha": None if own is None else own.alpha}
+                record, own = plan.record(), plan.row_acceptance.get(id(s))
+                record.pop("alpha", None)  # the live rows' at the last choice
+                if own is not None:
+                    record["alpha"] = own.alpha
+                s.plan["gamma"] = record
 
 
 class _DraftClock:

@@ -228,6 +228,8 @@ def test_t_verify_is_measured_once_per_batch_size_and_leaves_the_batch_as_it_was
     """t_verify(B, k) is timed on the batch the first time B rows are live (rows leaving make new
     sizes) and kept on the scheduler's AutoGamma for later batches; each measurement leaves the
     target's batched cache exactly as it found it (lengths, slots, validity, keys and values)."""
+    from hippo.cli.video_commands import plan_lines  # what `hippo generate -v` prints
+
     target = hm.tiny("qwen2_5_vl", "target")
     prompts = fixed_prompts("qwen2_5_vl", target)
     gens = [{"do_sample": False, "max_new_tokens": m} for m in (16, 3, 24)]
@@ -250,8 +252,11 @@ def test_t_verify_is_measured_once_per_batch_size_and_leaves_the_batch_as_it_was
         return curve
 
     monkeypatch.setattr(hb.BatchedCache, "verify_curve", spy)
-    check_batch(pipe, prompts, gens)
+    outs = check_batch(pipe, prompts, gens)
     assert measured[0] == 3 and len(measured) == len(set(measured)) >= 2, measured
+    for out in outs:  # each row's plan: the batch's choices at the row's own α, as `hippo generate -v` says
+        alpha = out.stats.plan["gamma"]["alpha"]
+        assert 0 < alpha < 1 and any(f"α {alpha:.2f}" in line for line in plan_lines(out.stats.plan))
     assert set(pipe.scheduler.auto.batch_curves) == set(measured)
     check_batch(pipe, prompts, gens)
     assert len(measured) == len(set(measured))  # kept: the second batch measured nothing new
