@@ -1,11 +1,16 @@
 """Throughput at batch 1, 2, 4: HF `generate` (batched, left-padded), hippo's batched target alone,
-and hippo's batched serial speculative decoding, side by side in one run, on the narration pair.
+hippo's batched serial speculative decoding (fixed γ) and the default pipeline batched (`auto`:
+serial with γ re-chosen each round for the whole batch, or the target alone), side by side in one
+run, on the narration pair.
 
     python -m hippo.benchmarks.throughput                       # 64 new tokens per row, 3 repeats
     python -m hippo.benchmarks.throughput --batches 1 2 4 8 --max-new-tokens 128
 
 Each cell is the median over repeats of (new tokens of the batch) / (wall seconds of the whole call:
-vision encoding, prefills, decoding), after one untimed warm-up call; in brackets the decode phase:
+vision encoding, prefills, decoding), after one untimed warm-up call of a few tokens per row (it
+allocates, packs the weights, and lets `auto` measure its costs: one row's once per machine, t_verify
+of each batch size once per pipeline; with `--natural`, sizes first seen when rows finish early are
+measured in a timed call); in brackets the decode phase:
 (new tokens - one per row) / (that median - the median of the same call with max_new_tokens=1). Rows are fixed-length (`min_new_tokens` = `max_new_tokens`:
 EOS is suppressed, as serving benchmarks do) unless `--natural`, so every method decodes the same
 number of tokens per row. The prompts are the bench's narration clips (`bench.narrate_workload`),
@@ -27,9 +32,16 @@ import hippo
 
 from .tables import markdown_table
 
-#: hippo rows: (name, scheduler, scheduler options, pruning parts)
-HIPPO_ROWS: list[tuple[str, str, dict, dict]] = [
+#: hippo rows: (name, scheduler, scheduler options, pruning parts; None: the builder's defaults)
+HIPPO_ROWS: list[tuple[str, str, dict, dict | None]] = [
     ("hippo batched, target alone", "autoregressive", {}, {}),
+    ("hippo batched, default pipeline (auto)", "auto", {}, None),
+    (
+        "hippo batched auto, holistic top-k",
+        "auto",
+        {},
+        {"scorer": "holistic", "selector": "topk", "selector_options": {"keep_ratio": 0.1}},
+    ),
     ("hippo batched serial SD, full video", "serial", {"gamma": 5}, {}),
     (
         "hippo batched serial SD, holistic top-k",
@@ -82,10 +94,13 @@ def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, nat
     with torch.inference_mode():  # each row alone: what every batched row must equal
         alone = [w.target.generate(**x, **gen)[0, x["input_ids"].shape[1] :].tolist() for x in w.inputs]
     first = {**gen, "max_new_tokens": 1, "min_new_tokens": 0}  # to the first token: vision + prefill
+    warm = {**gen, "max_new_tokens": min(4, max_new_tokens)}
+    if not natural:
+        warm["min_new_tokens"] = warm["max_new_tokens"]
     table: dict[str, dict[int, dict]] = {}
 
     def cell(name: str, b: int, call: Callable[[dict], list[list[int]]]) -> None:
-        call(first)  # untimed warm-up (allocator, packed weights)
+        call(warm)  # untimed warm-up (allocator, packed weights, auto's costs)
         rows, times = timed(lambda: call(gen), repeats)
         _, firsts = timed(lambda: call(first), repeats)
         tokens = sum(len(r) for r in rows)
@@ -118,18 +133,34 @@ def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, nat
             builder = hippo.PipelineBuilder().target(w.target)
             if scheduler != "autoregressive":
                 builder.draft(w.draft)
+            if scheduler != "autoregressive" and parts is not None:
                 builder.scorer(parts.get("scorer")).selector(
                     parts.get("selector", "full"), **parts.get("selector_options", {})
                 )
             pipe = builder.scheduler(scheduler, **options).build()
 
-            def ours(g: dict, pipe=pipe, xs=xs) -> list[list[int]]:
+            last: list = []
+
+            def ours(g: dict, pipe=pipe, xs=xs, last=last) -> list[list[int]]:
                 outs = pipe.generate_batch(xs, **g)
+                if g is gen:
+                    last[:] = outs
                 return [o.sequences[0, x["input_ids"].shape[1] :].tolist() for o, x in zip(outs, xs)]
 
             cell(name, b, ours)
+            if scheduler == "auto":  # what auto chose in the last timed call
+                print(f"    {_plan_summary(last)}", flush=True)
             pipe.close()
     return table
+
+
+def _plan_summary(outs: list) -> str:
+    """What `auto` chose for a batch: the schedule, the drafting rounds and γ's, the target-only steps."""
+    s = outs[0].stats
+    gammas = sorted({g for o in outs for g in o.stats.drafted_per_round})
+    rounds = [o.stats.rounds for o in outs]
+    steps = [o.stats.target_steps for o in outs]
+    return f"auto chose {s.plan.get('schedule')}: rounds per row {rounds}, γ drafted {gammas}, target-only steps {steps}"
 
 
 def _length(seq: list[int], model: Any, max_new: int) -> int:

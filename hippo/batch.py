@@ -298,8 +298,8 @@ def _decode_window(pipe: Any, ready: list[_Ready], batch_size: int, tok: _Tokeni
 
 def decode_batch(pipe: Any, batch: list[_Ready], tokenizer: Any) -> Iterator[Result]:
     """The answers to one batch of similar lengths. Greedy rows are decoded together when the
-    pipeline's schedule has a batched form (`hippo.batched`: `serial` with a fixed γ, or
-    `autoregressive`); the other rows, and every row when a batched run fails with a HippoError,
+    pipeline's schedule has a batched form (`hippo.batched`: `auto`, `serial` or `autoregressive`);
+    the other rows, and every row when a batched run fails with a HippoError,
     one after another through `Pipeline.generate`. Each answer is what `generate` returns alone."""
     together = _batchable(pipe, batch)
     if together:

@@ -45,6 +45,7 @@ import torch
 
 from hippo.accept import DraftProposal, settle
 from hippo.compat import cache_arg
+from hippo.cost import AutoGamma, GammaPlan, VerifyCurve, time_widths
 from hippo.errors import UnsupportedError
 from hippo.interfaces import Job
 from hippo.packed import MAX_ROWS, PackedLinears
@@ -103,6 +104,10 @@ class BatchedCache:
     @property
     def rows(self) -> int:
         return len(self.lengths)
+
+    @property
+    def seconds_decode(self) -> float:  # as a session's (`hippo.cost.GammaPlan` times steps with it)
+        return self.seconds
 
     @property
     def size(self) -> int:  # S: slots per row
@@ -168,6 +173,27 @@ class BatchedCache:
             del self.slots[row][-drop:]
             self.valid[row, gone] = False
             self.lengths[row] = length
+
+    def verify_curve(self, widths: Sequence[int], repeats: int = 2) -> VerifyCurve:
+        """t_verify(B, k) of this batch (B = its rows): forwards of k filler tokens in every row, each
+        rolled back and its slots cropped, so the cache ends as it began (`hippo.cost.time_widths`)."""
+        lengths, size = list(self.lengths), self.size
+
+        def restore() -> None:
+            for b, n in enumerate(lengths):
+                self.rollback(b, n)
+            self._crop(size)
+
+        return time_widths(lambda k: self.forward([[0] * k] * self.rows), restore, widths, repeats)
+
+    @torch.inference_mode()
+    def _crop(self, size: int) -> None:
+        """Drop the slots from `size` on (all invalid: rolled back)."""
+        if bool(self.valid[:, size:].any()):
+            raise RuntimeError("cannot crop valid slots")
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, :size], layer.values[:, :, :size]
+        self.valid = self.valid[:, :size]
 
     @torch.inference_mode()
     def select(self, rows: Sequence[int]) -> None:
@@ -241,25 +267,63 @@ class _Row:
         self.draft_generated: list[int] = []
         self.seconds_target = 0.0
         self.seconds_draft = 0.0
+        self.target_steps = 0  # batched steps of the target alone (γ = 0) while this row was live
 
 
-def decode_jobs(pipe: Any, jobs: Sequence[Job], gamma: int) -> None:
+def decode_jobs(pipe: Any, jobs: Sequence[Job], gamma: int | str | AutoGamma) -> None:
     """Decode the jobs together: speculative rounds of up to γ draft tokens, or the target alone
-    (γ = 0). Prefills each job on its own, runs all to the end and finishes them (their stats)."""
+    (γ = 0); `gamma` "auto" (`batch_gamma`): as the pipeline's scheduler decides (`scheduler="auto"`:
+    its `run_batch`; `serial` with `gamma="auto"`: its AutoGamma); an AutoGamma: γ re-chosen each
+    round for the whole batch (`hippo.cost`). Prefills each job on its own, runs all to the end and
+    finishes them (their stats)."""
+    if isinstance(gamma, str):
+        scheduler = pipe.scheduler
+        if hasattr(scheduler, "run_batch"):
+            scheduler.run_batch(jobs, lambda jobs, gamma: decode_jobs(pipe, jobs, gamma))
+            return
+        gamma = scheduler.auto
     rows = [_Row(j) for j in jobs]
+    plan = gamma.plan(parallel=False) if isinstance(gamma, AutoGamma) else None
     try:
-        _decode(pipe, rows, gamma)
+        _decode(pipe, rows, gamma, plan)
     finally:
         for row in rows:
             row.job.finish()
             s = row.job.stats
             s.seconds_target_decode, s.seconds_draft_decode = row.seconds_target, row.seconds_draft
             s.notes.append(f"decoded in a batch of {len(rows)} rows")
+            if plan is not None:  # the batch's choices; the row's own α and target-only steps
+                s.target_steps = row.target_steps
+                record, own = plan.record(), plan.row_acceptance.get(id(s))
+                record.pop("alpha", None)  # the live rows' at the last choice
+                if own is not None:
+                    record["alpha"] = own.alpha
+                s.plan["gamma"] = record
 
 
-def _decode(pipe: Any, rows: list[_Row], gamma: int) -> None:
+class _DraftClock:
+    """Seconds per batched draft forward, per batch size B, in this call."""
+
+    def __init__(self) -> None:
+        self.by_rows: dict[int, tuple[float, int]] = {}
+
+    def add(self, rows: int, seconds: float, forwards: int) -> None:
+        s, n = self.by_rows.get(rows, (0.0, 0))
+        self.by_rows[rows] = (s + seconds, n + forwards)
+
+    def per_forward(self, rows: int) -> float | None:
+        """At B = `rows`, or at the nearest B seen (None before the first draft step)."""
+        seen = [b for b, (_, n) in self.by_rows.items() if n]
+        if not seen:
+            return None
+        s, n = self.by_rows[min(seen, key=lambda b: (abs(b - rows), b))]
+        return s / n
+
+
+def _decode(pipe: Any, rows: list[_Row], gamma: int | AutoGamma, plan: GammaPlan | None) -> None:
+    drafting = plan is not None or gamma > 0
     rewrite = None
-    if gamma > 0:
+    if drafting:
         rewrite = chain_rewrite(pipe.drafter)
         if rewrite is None:
             raise UnsupportedError(
@@ -277,21 +341,30 @@ def _decode(pipe: Any, rows: list[_Row], gamma: int) -> None:
             continue
         live.append(row)
         targets.append(target)
-        if gamma > 0:
+        if drafting:
             drafts.append(job.prefill_draft())
     if not live:
         return
     target = BatchedCache(targets, *_packing(pipe, "target", pipe.target))
-    draft = BatchedCache(drafts, *_packing(pipe, "draft", pipe.draft)) if gamma > 0 else None
+    draft = BatchedCache(drafts, *_packing(pipe, "draft", pipe.draft)) if drafting else None
     for s in (*targets, *drafts):
         s.close()  # their caches were copied into the batch
+    clock = _DraftClock()
     while live:
+        g = gamma
+        if plan is not None:  # γ for all live rows: the most expected tokens/s of the batch
+            curve = plan.auto.batch_curve(target.rows, target.verify_curve)
+            g = plan.next([row.job.stats for row in live], clock.per_forward(target.rows), target, curve)
         proposals: list[DraftProposal | None] = [None] * len(live)
-        if draft is not None:
-            t0 = draft.seconds
-            proposals = _draft(draft, live, gamma, rewrite)
+        if g > 0:
+            t0, f0 = draft.seconds, draft.forwards
+            proposals = _draft(draft, live, g, rewrite)
+            clock.add(draft.rows, draft.seconds - t0, draft.forwards - f0)
             for row in live:
                 row.seconds_draft += draft.seconds - t0
+        else:
+            for row in live:
+                row.target_steps += 1
         t0 = target.seconds
         _verify(target, live, proposals)
         for row in live:
@@ -392,15 +465,16 @@ def _verify(target: BatchedCache, rows: Sequence[_Row], proposals: Sequence[Draf
         )
 
 
-def batch_gamma(pipe: Any) -> int | None:
-    """γ of the pipeline's schedule in a batch (0: the target alone), or None when it has no batched
-    form (a parallel schedule, γ = "auto", a drafter without `rewrite_chain`)."""
+def batch_gamma(pipe: Any) -> int | str | None:
+    """γ of the pipeline's schedule in a batch (0: the target alone; "auto": chosen by the scheduler,
+    `scheduler="auto"` or `serial` with `gamma="auto"`), or None when it has no batched form (a
+    parallel schedule, a drafter without `rewrite_chain`)."""
     name = pipe.names.get("scheduler")
     if name == "autoregressive":
         return 0
-    if name != "serial":
+    if name not in ("serial", "auto") or chain_rewrite(pipe.drafter) is None:
         return None
+    if name == "auto":
+        return "auto"
     gamma = getattr(pipe.scheduler.config, "gamma", None)
-    if not isinstance(gamma, int) or chain_rewrite(pipe.drafter) is None:
-        return None
-    return gamma
+    return gamma if isinstance(gamma, int) or gamma == "auto" else None

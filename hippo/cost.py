@@ -19,6 +19,11 @@ Notation: p = target, q = draft, γ = draft length, α = probability that a draf
   al.). It costs γ·t_draft + t_verify(γ+1) when q and p take turns (`serial`, or a parallel schedule
   whose executor runs them one after the other), and max(γ·t_draft, t_verify(γ+1)) when q drafts
   while p verifies (`pearl`, `hippo` beside a draft thread or process).
+- A batch of B rows (`hippo.batched`) takes one γ per round for all its live rows: the one of the
+  most expected tokens per second of the batch, Σ_rows E(α_r, γ) / (γ·t_draft(B) + t_verify(B, γ+1)),
+  each row's α from its own rounds. p's forward is compute-bound on a CPU, so t_verify(B, k) is
+  measured on the batch the first time B rows are seen (`AutoGamma.batch_curve`), and t_draft(B),
+  one batched step of q, is timed live.
 - γ = 0 emits one token per t_decode. When no γ >= 1 is expected to beat it, the job decodes with
   the target alone for a few steps, then drafts one probe round to see whether the draft agrees
   better now; each probe that still loses doubles the wait (`BACKOFF_START` .. `BACKOFF_MAX` steps).
@@ -32,7 +37,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -83,30 +88,41 @@ class VerifyCurve:
         return s[hi] + max(0.0, (s[hi] - s[lo]) / (hi - lo)) * (k - hi)
 
 
+def time_widths(
+    forward: Callable[[int], Any], restore: Callable[[], Any], widths: Sequence[int], repeats: int = 3
+) -> VerifyCurve:
+    """A verify curve from timed forwards: `forward(k)` feeds k tokens (per row), `restore()` undoes it.
+
+    Each width keeps its fastest of `repeats` passes over all widths, so a burst of load elsewhere on
+    the machine spoils one pass of every width rather than all of one width's.
+    """
+    seconds = dict.fromkeys(widths, float("inf"))
+    for _ in range(repeats):
+        for k in widths:
+            t0 = time.perf_counter()
+            forward(k)
+            seconds[k] = min(seconds[k], time.perf_counter() - t0)
+            restore()
+    return VerifyCurve(seconds)
+
+
 def measure_verify_curve(
     session: ModelSession,
     prefix: torch.Tensor,  # [T] the sequence the session holds a prefix of
     widths: Sequence[int] = (1, 2, 4, 8, 16),
     repeats: int = 3,
 ) -> VerifyCurve:
-    """Time k-token forwards after the session's current length, rolling back after each.
+    """Time k-token forwards after the session's current length, rolling back after each (`time_widths`).
 
-    The tokens fed are the prefix's last token repeated (their logits are thrown away). Each
-    width keeps its fastest of `repeats` passes over all widths, so a burst of load elsewhere on
-    the machine spoils one pass of every width rather than all of one width's. The session ends
-    at the length it began with; take it at p's prompt length, where a rollback restores the
+    The tokens fed are the prefix's last token repeated (their logits are thrown away). The session
+    ends at the length it began with; take it at p's prompt length, where a rollback restores the
     prompt's logits.
     """
     length = session.length
     filler = prefix[-1:].cpu()  # [1]
-    seconds = dict.fromkeys(widths, float("inf"))
-    for _ in range(repeats):
-        for k in widths:
-            t0 = time.perf_counter()
-            session.forward(filler.repeat(k))
-            seconds[k] = min(seconds[k], time.perf_counter() - t0)
-            session.rollback(length)
-    return VerifyCurve(seconds)
+    return time_widths(
+        lambda k: session.forward(filler.repeat(k)), lambda: session.rollback(length), widths, repeats
+    )
 
 
 def round_seconds(curve: VerifyCurve, t_draft: float, gamma: int, parallel: bool) -> float:
@@ -118,13 +134,23 @@ def round_seconds(curve: VerifyCurve, t_draft: float, gamma: int, parallel: bool
 
 
 def rates(
-    curve: VerifyCurve, alpha: float, t_draft: float, parallel: bool, gamma_max: int = GAMMA_MAX
+    curve: VerifyCurve,
+    alpha: float | Sequence[float],
+    t_draft: float,
+    parallel: bool,
+    gamma_max: int = GAMMA_MAX,
 ) -> list[float]:
-    """Expected tokens per second of each γ in 0..gamma_max (index γ; 0 = the target alone)."""
+    """Expected tokens per second of each γ in 0..gamma_max (index γ; 0 = the target alone).
+
+    `alpha`: one job's α, or one α per row of a batch whose rows draft γ tokens each in the same
+    round: then the batch's Σ_rows E(α_r, γ) over the round's seconds (`curve`: the batch's t_verify,
+    `t_draft`: one batched draft step)."""
+    alphas = [alpha] if isinstance(alpha, int | float) else list(alpha)
     out = []
     for g in range(gamma_max + 1):
         seconds = round_seconds(curve, t_draft, g, parallel)
-        out.append(expected_tokens(alpha, g) / seconds if seconds > 0 else float(g + 1))
+        tokens = sum(expected_tokens(a, g) for a in alphas)
+        out.append(tokens / seconds if seconds > 0 else float(len(alphas) * (g + 1)))
     return out
 
 
@@ -194,63 +220,95 @@ class Acceptance:
 
 class AutoGamma:
     """A scheduler's `gamma="auto"`: the verify curve, measured on its first call and then kept (or
-    given by `costs`), and a `GammaPlan` per job."""
+    given by `costs`), t_verify(B, k) of each batch size B seen (`batch_curve`), and a `GammaPlan`
+    per job or batch."""
 
     def __init__(self, parallel: bool, gamma_max: int = GAMMA_MAX, costs: dict | None = None):
         self.parallel, self.gamma_max = parallel, gamma_max
         self.curve: VerifyCurve | None = None
         self.t_draft: float | None = None  # fixed seconds per draft token (None: measured per call)
+        self.batch_curves: dict[int, VerifyCurve] = {}  # B -> t_verify(B, k), measured on batches
         if costs is not None:
             self.curve, self.t_draft = fixed_costs(costs)
+
+    @property
+    def widths(self) -> list[int]:
+        """The widths k a calibration times: 1, 2, 4, 8 up to γ_max, and γ_max + 1."""
+        return sorted({k for k in (1, 2, 4, 8) if k <= self.gamma_max} | {self.gamma_max + 1})
 
     def calibrate(self, target: ModelSession, prefix: torch.Tensor) -> None:  # prefix [T]
         """Measure t_verify once (the first call with this scheduler); later calls keep the curve."""
         if self.curve is None:
-            widths = sorted({k for k in (1, 2, 4, 8) if k <= self.gamma_max} | {self.gamma_max + 1})
-            self.curve = measure_verify_curve(target, prefix, widths)
+            self.curve = measure_verify_curve(target, prefix, self.widths)
+
+    def batch_curve(self, rows: int, measure: Callable[[Sequence[int]], VerifyCurve]) -> VerifyCurve:
+        """t_verify(B, k) of a k-token forward of each of B = `rows` rows. p's forward is compute-bound
+        on a CPU, so this is not one row's t_verify(k): it is measured by `measure(widths)` on the
+        batch the first time B is seen, then kept. Where `costs` fixed the whole model (t_draft too),
+        the fixed curve serves every B."""
+        if self.t_draft is not None and self.curve is not None:
+            return self.curve
+        if rows not in self.batch_curves:
+            self.batch_curves[rows] = measure(self.widths)
+        return self.batch_curves[rows]
 
     def plan(self, parallel: bool | None = None) -> GammaPlan:
-        """A new job's plan; `parallel`: whether its draft works while the target does (default: the
-        scheduler's kind)."""
+        """A new job's (or batch's) plan; `parallel`: whether its draft works while the target does
+        (default: the scheduler's kind)."""
         return GammaPlan(self, self.parallel if parallel is None else parallel)
 
 
 class GammaPlan:
-    """One job's γ round by round, γ = 0 included (see the module doc), and a record of its choices."""
+    """One job's γ round by round, γ = 0 included (see the module doc), and a record of its choices.
+
+    A batch's plan picks one γ per round for all its live rows (`next` with one `Stats` per row)."""
 
     def __init__(self, auto: AutoGamma, parallel: bool):
         self.auto, self.parallel = auto, parallel
         self.acceptance = Acceptance()
+        self.row_acceptance: dict[int, Acceptance] = {}  # a batch's rows, by id of their Stats
         self.idle = 0  # target-only steps left before the next probe round
         self.probe_due = False
         self.backoff = BACKOFF_START
         self.target_steps = self.target_runs = self.probes = 0
         self.last: dict = {}  # the last decision's inputs and predicted tokens/s
-        self.decode_seconds: list[float] = []  # the last LIVE_STEPS target-only steps, measured
-        self._mark: tuple[float, int] | None = None  # p's (seconds_decode, forwards) before a step
+        #: the last LIVE_STEPS target-only steps, each measured seconds over its curve's t_decode
+        self.decode_ratios: list[float] = []
+        self._mark: tuple[float, int, float] | None = None  # p's (seconds, forwards, t_decode) before a step
+        self._curve: VerifyCurve | None = None  # the curve of the last decision
 
-    def next(self, stats: Stats, t_draft: float | None, target: ModelSession | None = None) -> int:
+    def next(
+        self,
+        stats: Stats | Sequence[Stats],
+        t_draft: float | None,
+        target: Any = None,
+        curve: VerifyCurve | None = None,
+    ) -> int:
         """γ for the next round (0: one step of the target alone), from `stats`' rounds so far and
-        the draft's measured seconds per token (None before the first). `target` (p's session)
-        lets the plan time its target-only steps (`scale`)."""
+        the draft's measured seconds per token (None before the first). `target` (p's session, with
+        `seconds_decode` and `forwards`) lets the plan time its target-only steps (`scale`).
+
+        A batch passes one `Stats` per live row (each row's α from its own rounds), its batched
+        draft step's seconds as `t_draft` and its own t_verify(B, k) as `curve` (default: the
+        scheduler's); the γ chosen maximises the batch's expected tokens per second (`rates`)."""
         auto = self.auto
+        curve = auto.curve if curve is None else curve
         self._observe(target)
         if self.idle > 0:
             self.idle -= 1
-            return self._chose(0, target)
+            return self._chose(0, target, curve)
         t_draft = auto.t_draft if auto.t_draft is not None else t_draft
-        if auto.curve is None or t_draft is None:
+        if curve is None or t_draft is None:
             return min(GAMMA_START, auto.gamma_max)
-        alpha = self.acceptance.update(stats)
+        self._curve = curve
+        alpha = self._alpha(stats)
         # p's curve times `scale` against q's live t_draft: the same as the curve against t_draft / scale
         scale = self.scale
-        per_gamma = [
-            r / scale for r in rates(auto.curve, alpha, t_draft / scale, self.parallel, auto.gamma_max)
-        ]
+        per_gamma = [r / scale for r in rates(curve, alpha, t_draft / scale, self.parallel, auto.gamma_max)]
         best = _best(per_gamma)
         self.last = {
             "alpha": alpha,
-            "t_decode": auto.curve(1) * scale,
+            "t_decode": curve(1) * scale,
             "t_draft": t_draft,
             "parallel": self.parallel,
             "tokens_per_second": {"target alone": per_gamma[0], f"draft γ={best}": per_gamma[best]},
@@ -258,39 +316,45 @@ class GammaPlan:
         if self.probe_due:  # the wait is over: draft one round to measure the acceptance again
             self.probe_due = False
             self.probes += 1
-            return self._chose(max(best, min(GAMMA_START, auto.gamma_max)), target)
+            return self._chose(max(best, min(GAMMA_START, auto.gamma_max)), target, curve)
         if per_gamma[best] >= per_gamma[0]:
             self.backoff = BACKOFF_START
-            return self._chose(best, target)
+            return self._chose(best, target, curve)
         self.target_runs += 1  # drafting loses: the target alone for `backoff` steps, then a probe
         self.idle, self.probe_due = self.backoff - 1, True
         self.backoff = min(2 * self.backoff, BACKOFF_MAX)
-        return self._chose(0, target)
+        return self._chose(0, target, curve)
 
-    def _chose(self, gamma: int, target: ModelSession | None) -> int:
+    def _alpha(self, stats: Stats | Sequence[Stats]) -> float | list[float]:
+        if isinstance(stats, Stats):
+            return self.acceptance.update(stats)
+        return [self.row_acceptance.setdefault(id(s), Acceptance()).update(s) for s in stats]
+
+    def _chose(self, gamma: int, target: Any, curve: VerifyCurve | None) -> int:
         self.last["gamma"] = gamma
         if gamma == 0:
             self.target_steps += 1
-            if target is not None:
-                self._mark = (target.seconds_decode, target.forwards)
+            if target is not None and curve is not None:
+                self._mark = (target.seconds_decode, target.forwards, curve(1))
         return gamma
 
-    def _observe(self, target: ModelSession | None) -> None:
+    def _observe(self, target: Any) -> None:
         """Book the seconds of the target-only step just taken (one forward of one token)."""
         if self._mark is not None and target is not None:
-            seconds, forwards = target.seconds_decode - self._mark[0], target.forwards - self._mark[1]
+            before, forwards, t_decode = self._mark
+            seconds, forwards = target.seconds_decode - before, target.forwards - forwards
             if forwards == 1 and seconds > 0:
-                self.decode_seconds = [*self.decode_seconds[1 - LIVE_STEPS :], seconds]
+                self.decode_ratios = [*self.decode_ratios[1 - LIVE_STEPS :], seconds / t_decode]
         self._mark = None
 
     @property
     def scale(self) -> float:
-        """p's live step time over the calibrated t_decode: the median of the recent target-only
+        """p's live step time over its calibrated t_decode: the median of the recent target-only
         steps, so that p's calibrated curve and q's live t_draft compare under the same load (1
         where t_draft is fixed too: `costs` then is the whole model)."""
-        if not self.decode_seconds or self.auto.curve is None or self.auto.t_draft is not None:
+        if not self.decode_ratios or self.auto.t_draft is not None:
             return 1.0
-        return statistics.median(self.decode_seconds) / self.auto.curve(1)
+        return statistics.median(self.decode_ratios)
 
     def book(self, stats: Stats) -> None:
         """Put the job's target-only steps and the plan's record on its stats."""

@@ -103,15 +103,16 @@ class Pipeline:
         """Decode many prompts together (`hippo.batched`): one output per row, each with its own stats,
         each what `generate` returns for that row alone. `inputs`: one processor output per row (each
         of batch size 1); `seeds`: one per row; `per_row`: one dict of generation settings per row,
-        over `generation_kwargs`. Runs the `serial` (fixed γ) or `autoregressive` schedule; others
-        raise UnsupportedError (decode those rows one by one with `generate`)."""
+        over `generation_kwargs`. Runs the `auto` (default), `serial` (γ fixed or "auto") or
+        `autoregressive` schedule; others raise UnsupportedError (decode those rows one by one with
+        `generate`)."""
         for x in inputs:
             self._check_inputs(x)
         gamma = batch_gamma(self)
         if gamma is None:
             raise UnsupportedError(
                 f"scheduler {self.names.get('scheduler', type(self.scheduler).__name__)!r} has no batched "
-                "form; batched decoding runs 'serial' (fixed gamma) or 'autoregressive'"
+                "form; batched decoding runs 'auto', 'serial' or 'autoregressive' with the 'chain' drafter"
             )
         n = len(inputs)
         rows = per_row if per_row is not None else [{}] * n

@@ -18,6 +18,10 @@ Each job then gets the schedule of the most predicted tokens/s (`predict`):
 at the α seen in this pipeline's earlier jobs (1/2 before the first). The chosen drafting schedule
 runs with `gamma="auto"` on the cached curve, so it still re-chooses γ each round, γ = 0 (the target
 alone) included. `Stats.plan` records the choice and each option's prediction.
+
+A batch (`Pipeline.generate_batch`, `Pipeline.map`, `hippo batch`) runs `serial` with γ re-chosen each
+round for all its rows on t_verify(B, k) measured on the batch (`run_batch`), or the target alone
+where even an always-right draft loses: the parallel schedules have no batched form.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import hashlib
 import json
 import os
 import platform
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,7 @@ from hippo import hookimpl
 from hippo.cost import (
     GAMMA_MAX,
     Acceptance,
+    AutoGamma,
     VerifyCurve,
     costs_option,
     fixed_costs,
@@ -210,6 +216,7 @@ class AutoScheduler(Scheduler):
             self.costs = Costs(curve.seconds, draft, draft)
         self.acceptance = Acceptance()  # across this pipeline's jobs
         self._schedulers: dict[str, Scheduler] = {}
+        self._batches: AutoGamma | None = None
 
     def _costs(self, job: DecodeJob) -> Costs:
         if self.costs is None:
@@ -233,10 +240,11 @@ class AutoScheduler(Scheduler):
             self._schedulers[name] = lookup("schedulers", name).from_options(**options)
         return self._schedulers[name]
 
-    def choose(self, job: DecodeJob) -> tuple[str, dict[str, Any]]:
-        """(schedule, the record of why) for this job."""
+    def choose(self, job: DecodeJob, batch: int = 0) -> tuple[str, dict[str, Any]]:
+        """(schedule, the record of why) for this job, or for a batch of `batch` rows led by it (the
+        parallel schedules have no batched form: q and p take turns)."""
         costs, g = self._costs(job), self.config.gamma_max
-        overlap = choose_executor(job, usable_cores()) != ("inline", {"overlap": "off"})
+        overlap = not batch and choose_executor(job, usable_cores()) != ("inline", {"overlap": "off"})
         alpha = self.acceptance.alpha
         now = predict(costs, alpha, overlap, g)
         best_case = predict(costs, 1.0, overlap, g)
@@ -260,6 +268,8 @@ class AutoScheduler(Scheduler):
             "tokens_per_second_if_always_right": best_case,
             "costs": {"t_decode": costs.verify[min(costs.verify)], **attrs.asdict(costs)},
         }
+        if batch:
+            record["batch"] = batch
         return name, record
 
     def run(self, job: DecodeJob) -> None:
@@ -268,6 +278,32 @@ class AutoScheduler(Scheduler):
         self._scheduler(name).run(job)
         self.acceptance.update(job.stats)  # continues across jobs: the next job's α
         self.acceptance.seen = 0
+
+    def run_batch(
+        self, jobs: Sequence[DecodeJob], decode: Callable[[Sequence[DecodeJob], int | AutoGamma], None]
+    ) -> None:
+        """Decode `jobs` together (`hippo.batched`): `serial` with γ re-chosen each round for the
+        whole batch (`hippo.cost`: t_verify(B, k) measured on the batch), or the target alone where
+        even a draft that is always right would lose; chosen by `choose` (on this machine's one-row
+        costs, at the α of this pipeline's earlier jobs) and recorded on each row's `Stats.plan`.
+        `decode(jobs, γ or AutoGamma)` runs them."""
+        name, record = self.choose(jobs[0], batch=len(jobs))
+        for job in jobs:
+            job.stats.plan.update(record)
+        try:
+            decode(jobs, 0 if name == "autoregressive" else self._batch_gamma())
+        finally:
+            for job in jobs:  # continues across jobs: the next job's α
+                self.acceptance.update(job.stats)
+                self.acceptance.seen = 0
+
+    def _batch_gamma(self) -> AutoGamma:
+        """The batches' γ chooser, kept across batches (its t_verify(B, k) per batch size B): the
+        fixed costs where given, else one row's measured curve, which a batch replaces by its own."""
+        if self._batches is None:
+            costs = self.config.costs or {"verify": self.costs.verify}
+            self._batches = AutoGamma(parallel=False, gamma_max=self.config.gamma_max, costs=costs)
+        return self._batches
 
     def close(self) -> None:
         for s in self._schedulers.values():

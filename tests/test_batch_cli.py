@@ -287,3 +287,26 @@ def test_help_lists_every_option(capsys):
         assert opt in out, opt
     assert "--video" not in out and "--prompt" not in out  # they come from the records
     assert "decoded one after another today" in " ".join(out.split())
+
+
+def test_the_default_scheduler_decodes_batches_together(env, answered, tmp_path):
+    """Without --scheduler (the default, `auto`) the records of a batch are decoded together too, and
+    each answer is the serial run's (the target's own `generate`: test_answers_equal_target_generate_per_record)."""
+    flags = [f for f in FLAGS if f not in ("--scheduler", "serial", "--gamma", "3")]
+    out = tmp_path / "out.jsonl"
+    args = [
+        "batch",
+        str(write_jsonl(tmp_path / "in.jsonl", records(env))),
+        str(out),
+        "--target",
+        str(env["target"]),
+    ]
+    args += ["--draft", str(env["draft"]), *flags, "--no-progress", "--batch-size", "2"]
+    assert main(args) == 0
+    got = {e["id"]: e for e in read_jsonl(out)}
+    assert set(got) == set(answered)
+    for rid, entry in got.items():
+        assert entry["token_ids"] == answered[rid]["token_ids"], rid
+        stats = entry["stats"]
+        assert stats["scheduler"] == "auto" and stats["plan"]["batch"] == 2, stats
+        assert any("batch of 2" in n for n in stats["notes"]), stats["notes"]

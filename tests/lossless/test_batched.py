@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hippo
 import hippo.batched as hb
 from hippo.errors import UnsupportedError
 from hippo.testing import assert_sampling_exact
@@ -54,6 +55,18 @@ class Seen:
             f"vacuous: {self.partial} partial rounds, {self.full} fully accepted rounds, "
             f"{self.ragged} batches whose rows accepted different numbers of tokens in the same round"
         )
+
+
+def draw_rows(data, adapter: str, target, least: int) -> tuple[list[hm.Prompt], list[dict]]:
+    """`least`-4 rows: prompts of different videos and lengths, each with its own greedy settings
+    (token budget, EOS position)."""
+    n = data.draw(st.integers(least, 4), label="rows")
+    prompts = [data.draw(hs.prompts(adapter, target), label=f"prompt {i}") for i in range(n)]
+    gens = []
+    for i, p in enumerate(prompts):
+        gen = {"do_sample": False, "max_new_tokens": data.draw(hs.max_new_tokens, label=f"max_new {i}")}
+        gens.append(hr.eos_stop(target, p.inputs, gen, data.draw(hs.eos_picks, label=f"EOS pick {i}"))[0])
+    return prompts, gens
 
 
 def check_batch(pipe, prompts, gens, eager: bool = False):
@@ -99,12 +112,7 @@ def test_batch_rows_equal_their_own_generate(adapter, corrupting_drafter):
     @settings(max_examples=hs.examples(0.6))
     @given(data=st.data())
     def check(data):
-        n = data.draw(st.integers(1, 4), label="rows")
-        prompts = [data.draw(hs.prompts(adapter, target), label=f"prompt {i}") for i in range(n)]
-        gens = []
-        for i, p in enumerate(prompts):
-            gen = {"do_sample": False, "max_new_tokens": data.draw(hs.max_new_tokens, label=f"max_new {i}")}
-            gens.append(hr.eos_stop(target, p.inputs, gen, data.draw(hs.eos_picks, label=f"EOS pick {i}"))[0])
+        prompts, gens = draw_rows(data, adapter, target, 1)
         scheduler = data.draw(st.sampled_from(["serial", "serial", "autoregressive"]), label="scheduler")
         role = data.draw(st.sampled_from(["self", "self", "draft"]), label="draft")
         draft = target if role == "self" else hm.tiny(adapter, "draft")
@@ -125,6 +133,156 @@ def test_batch_rows_equal_their_own_generate(adapter, corrupting_drafter):
 
     check()
     seen.check()
+
+
+#: the whole cost model fixed, whatever the batch size (t_decode 1, t_verify(2) 1.1, t_draft 0.2): γ = 1
+#: pays at the prior α = 1/2 and loses once the rows' drafts are seen to be wrong
+SWITCHY = {"verify": {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.7, 17: 2.6}, "draft": 0.2}
+#: a draft step as dear as a target step and 2 tokens verified twice as dear: even an always-right
+#: draft loses, so `scheduler="auto"` runs the target alone
+LOSING = {"verify": {1: 1.0, 2: 2.0, 17: 17.0}, "draft": 1.0}
+
+
+def auto_pipeline(target, draft, scheduler, costs, cache_dir, **parts):
+    """`serial` with gamma="auto", or `auto`, on `costs` (None: measured; `auto` caches them in
+    `cache_dir`; `serial` is given one row's curve without t_draft, so each batch size is measured)."""
+    if costs is None and scheduler == "serial":
+        costs = {"verify": SWITCHY["verify"]}
+    options = {"costs": costs, "cache_dir": str(cache_dir)}
+    return hr.build_pipeline(target, draft, scheduler=scheduler, gamma="auto", executor=options, **parts)
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_auto_batch_rows_equal_their_own_generate(adapter, corrupting_drafter, tmp_path):
+    """The default schedule batched: `scheduler="auto"` (serial with γ re-chosen each round for the
+    whole batch, or the target alone) and `serial` with gamma="auto"; costs fixed so that the rows
+    switch between drafting and target-only steps (`SWITCHY`), or so that auto picks the target alone
+    (`LOSING`), or measured (t_verify(B, k) timed on the batch, its forwards rolled back). Each row
+    is its own `target.generate`; the check fails unless rows mixed drafted rounds and batched
+    target-only steps, and both of auto's batch schedules ran."""
+    target = hm.tiny(adapter, "target")
+    seen = {"mixed": 0, "serial": 0, "autoregressive": 0, "measured": 0}
+
+    def tally(pipe, scheduler, outs):
+        seen["mixed"] += any(o.stats.target_steps and o.stats.rounds for o in outs)
+        if scheduler == "auto":
+            for o in outs:
+                assert o.stats.plan["batch"] == len(outs)
+                seen[o.stats.plan["schedule"]] += 1
+        auto = _batch_gamma(pipe)
+        seen["measured"] += auto is not None and bool(auto.batch_curves)
+
+    # fixed batches first: auto on LOSING; auto on SWITCHY with every round's first draft token
+    # wrong (drafting, then the target alone, probes); serial measuring t_verify(B, k)
+    prompts = fixed_prompts(adapter, target)
+    gens = [{"do_sample": False, "max_new_tokens": m} for m in (24, 5, 30)]
+    for scheduler, costs, wrong in (
+        ("auto", LOSING, None),
+        ("auto", SWITCHY, (True,)),
+        ("serial", None, (0, 1)),
+    ):
+        pipe = auto_pipeline(
+            target,
+            target,
+            scheduler,
+            costs,
+            tmp_path,
+            drafter=corrupting_drafter,
+            drafter_options={"wrong": wrong or ()},
+        )
+        tally(pipe, scheduler, check_batch(pipe, prompts, gens))
+
+    @settings(max_examples=hs.examples(0.4))
+    @given(data=st.data())
+    def check(data):
+        prompts, gens = draw_rows(data, adapter, target, 2)
+        scheduler = data.draw(st.sampled_from(["auto", "serial"]), label="scheduler")
+        costs = data.draw(st.sampled_from([SWITCHY, SWITCHY, LOSING, None]), label="costs")
+        role = data.draw(st.sampled_from(["self", "draft"]), label="draft")
+        wrong = data.draw(st.none() | hs.corrupt_patterns, label="corrupted positions")
+        pipe = auto_pipeline(
+            target,
+            target if role == "self" else hm.tiny(adapter, "draft"),
+            scheduler,
+            costs,
+            tmp_path,
+            keep_ratio=data.draw(st.just(1.0) | hs.keep_ratios, label="keep ratio"),
+            drafter="chain" if wrong is None else corrupting_drafter,
+            drafter_options=None if wrong is None else {"wrong": wrong},
+        )
+        assert pipe.can_batch()
+        tally(
+            pipe, scheduler, check_batch(pipe, prompts, gens, eager=data.draw(st.booleans(), label="eager"))
+        )
+
+    check()
+    assert seen["mixed"] and seen["serial"] and seen["autoregressive"] and seen["measured"], seen
+
+
+def _batch_gamma(pipe):
+    """The AutoGamma a batch of the pipeline used (None: auto ran the target alone)."""
+    return pipe.scheduler._batches if pipe.names["scheduler"] == "auto" else pipe.scheduler.auto
+
+
+def test_t_verify_is_measured_once_per_batch_size_and_leaves_the_batch_as_it_was(monkeypatch, tmp_path):
+    """t_verify(B, k) is timed on the batch the first time B rows are live (rows leaving make new
+    sizes) and kept on the scheduler's AutoGamma for later batches; each measurement leaves the
+    target's batched cache exactly as it found it (lengths, slots, validity, keys and values)."""
+    from hippo.cli.video_commands import plan_lines  # what `hippo generate -v` prints
+
+    target = hm.tiny("qwen2_5_vl", "target")
+    prompts = fixed_prompts("qwen2_5_vl", target)
+    gens = [{"do_sample": False, "max_new_tokens": m} for m in (16, 3, 24)]
+    pipe = auto_pipeline(target, hm.tiny("qwen2_5_vl", "draft"), "serial", None, tmp_path)
+    measured = []
+    real = hb.BatchedCache.verify_curve
+
+    def state(cache):
+        kv = [t.clone() for layer in cache.cache.layers for t in (layer.keys, layer.values)]
+        return list(cache.lengths), [list(s) for s in cache.slots], cache.valid.clone(), kv
+
+    def spy(cache, widths, repeats=2):
+        before = state(cache)
+        curve = real(cache, widths, repeats)
+        after = state(cache)
+        assert before[:2] == after[:2] and torch.equal(before[2], after[2])
+        assert all(torch.equal(x, y) for x, y in zip(before[3], after[3]))
+        measured.append(cache.rows)
+        assert curve(1) > 0 and set(curve.ks) == set(pipe.scheduler.auto.widths)
+        return curve
+
+    monkeypatch.setattr(hb.BatchedCache, "verify_curve", spy)
+    outs = check_batch(pipe, prompts, gens)
+    assert measured[0] == 3 and len(measured) == len(set(measured)) >= 2, measured
+    for out in outs:  # each row's plan: the batch's choices at the row's own α, as `hippo generate -v` says
+        alpha = out.stats.plan["gamma"]["alpha"]
+        assert 0 < alpha < 1 and any(f"α {alpha:.2f}" in line for line in plan_lines(out.stats.plan))
+    assert set(pipe.scheduler.auto.batch_curves) == set(measured)
+    check_batch(pipe, prompts, gens)
+    assert len(measured) == len(set(measured))  # kept: the second batch measured nothing new
+
+
+def test_the_default_pipeline_decodes_a_batch_together():
+    """The default schedule (`auto`) has a batched form: `Pipeline.map` decodes its greedy rows
+    together, each row's plan says so, and each answer is the record's own `target.generate`."""
+    from hippo.batch import Record
+
+    target = hm.tiny("qwen2_5_vl", "target")
+    prompts = fixed_prompts("qwen2_5_vl", target)
+    builder = hippo.PipelineBuilder().target(target).draft(hm.tiny("qwen2_5_vl", "draft"))
+    pipe = builder.selector("uniform", keep_ratio=0.5).build()
+    assert pipe.names["scheduler"] == "auto" and pipe.can_batch()
+    records = [
+        Record(str(i), inputs=p.inputs, generation={"max_new_tokens": 6 + 3 * i})
+        for i, p in enumerate(prompts)
+    ]
+    got = {r.id: r for r in pipe.map(records, batch_size=3, do_sample=False)}
+    for rec, p in zip(records, prompts):
+        r = got[rec.id]
+        assert any("batch of 3" in n for n in r.stats.notes), r.stats.notes
+        assert r.stats.plan["batch"] == 3 and r.stats.plan["schedule"] in ("serial", "autoregressive")
+        want = hr.reference(target, p.inputs, do_sample=False, **rec.generation)[0, p.length :].tolist()
+        assert r.token_ids == want
 
 
 @pytest.mark.parametrize("adapter", ["qwen2_5_vl", "llava_onevision"])

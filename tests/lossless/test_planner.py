@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import hippo
 from hippo.accept import DraftProposal
-from hippo.cost import BACKOFF_MAX, BACKOFF_START, GAMMA_START, AutoGamma, GammaPlan
+from hippo.cost import BACKOFF_MAX, BACKOFF_START, GAMMA_START, AutoGamma, GammaPlan, _best, rates
 from hippo.errors import ConfigError
 from hippo.interfaces import Drafter
 from hippo.registry import lookup
@@ -236,6 +236,31 @@ def test_the_back_off_doubles_and_resets():
     _round(stats, g, g)
     assert plan.next(stats, None) >= 1
     assert plan.backoff == BACKOFF_START
+
+
+def test_a_batch_drafts_while_its_rows_together_gain():
+    """A batch's plan sums its rows' expected tokens, each row's α from its own rounds: a row whose
+    drafts are always rejected makes a plan of its own stop drafting, but beside a row whose drafts
+    are always accepted the batch drafts on, each round's γ the best of the batch's `rates`."""
+    auto = AutoGamma(parallel=False, costs=COSTS)
+    alone, stats = auto.plan(), Stats()
+    choices = []
+    for _ in range(8):
+        choices.append(g := alone.next(stats, None))
+        if g:
+            _round(stats, g, 0)
+    assert 0 in choices
+    batch, good, bad = auto.plan(), Stats(), Stats()
+    for _ in range(12):
+        g = batch.next([good, bad], None)
+        alphas = batch.last["alpha"]
+        per_gamma = rates(auto.curve, alphas, auto.t_draft, False)
+        assert g >= 1 and g == _best(per_gamma)
+        one = [rates(auto.curve, a, auto.t_draft, False) for a in alphas]
+        assert per_gamma == pytest.approx([x + y for x, y in zip(*one)])
+        _round(good, g, g)
+        _round(bad, g, 0)
+    assert alphas[0] > 0.9 and alphas[1] < 0.18  # the bad row alone would not draft
 
 
 def test_acceptance_counts_only_checked_tokens():
