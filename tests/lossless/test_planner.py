@@ -25,7 +25,16 @@ from hypothesis import strategies as st
 
 import hippo
 from hippo.accept import DraftProposal
-from hippo.cost import BACKOFF_MAX, BACKOFF_START, GAMMA_START, AutoGamma, GammaPlan, _best, rates
+from hippo.cost import (
+    BACKOFF_MAX,
+    BACKOFF_START,
+    GAMMA_START,
+    AutoGamma,
+    GammaPlan,
+    VerifyCurve,
+    _best,
+    rates,
+)
 from hippo.errors import ConfigError
 from hippo.interfaces import Drafter
 from hippo.registry import lookup
@@ -510,3 +519,24 @@ def test_the_model_digest_sees_one_changed_weight(auto_scheduler):
     with torch.no_grad():
         next(p for p in model.parameters() if p.numel() > 4096).view(-1)[1] += 1e-3  # off the sample
     assert auto_scheduler.model_digest(model) != before
+
+
+def test_a_shrinking_batch_interpolates_its_verify_curve():
+    """t_verify(B, k) is measured for a batch size not bracketed by known ones (one row's curve is
+    B = 1) and interpolated linearly in B between two that are, so a batch whose rows finish one by
+    one measures nothing more."""
+    auto = AutoGamma(parallel=False, costs={"verify": {1: 1.0, 17: 3.0}})  # B = 1; t_draft measured
+    measured = []
+
+    def measure(widths):
+        measured.append(widths)
+        return VerifyCurve({k: 9.0 + k for k in widths})  # B = 8
+
+    eight = auto.batch_curve(8, measure)
+    assert len(measured) == 1 and eight(1) == 10.0
+    four = auto.batch_curve(4, measure)
+    assert len(measured) == 1 and 4 not in auto.batch_curves
+    for k in auto.widths:
+        assert four(k) == pytest.approx(auto.curve(k) + 3 / 7 * (eight(k) - auto.curve(k)))
+    auto.batch_curve(9, measure)  # above every size known: measured
+    assert len(measured) == 2 and set(auto.batch_curves) == {8, 9}
