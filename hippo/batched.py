@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from hippo.accept import DraftProposal, settle
-from hippo.compat import cache_arg
+from hippo.compat import cache_arg, grouped_query_sdpa
 from hippo.cost import AutoGamma, GammaPlan, VerifyCurve, time_widths
 from hippo.errors import UnsupportedError
 from hippo.interfaces import Job
@@ -143,7 +143,7 @@ class BatchedCache:
             ~allowed, torch.finfo(self.dtype).min
         )
         kernels = self.packed.rows(B * W, self.max_rows) if self.packed is not None else nullcontext()
-        with kernels:
+        with kernels, grouped_query_sdpa(self.device):
             out = self.model(
                 input_ids=ids.to(self.device),
                 position_ids=pos.to(self.device),

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import torch
 
-from hippo.compat import cache_arg
+from hippo.compat import cache_arg, grouped_query_sdpa
 from hippo.errors import ConfigError, UnsupportedError
 from hippo.interfaces import ModelSession
 from hippo.packed import MAX_ROWS, PackedLinears
@@ -114,7 +114,7 @@ class KVSession(ModelSession):
         allowed = self._block_mask(past, visible)  # [k, kv]
         mask = torch.zeros(allowed.shape, dtype=dtype)  # [k, kv] additive
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        with self._kernels(k):
+        with self._kernels(k), grouped_query_sdpa(self.device):
             out = self.model(
                 input_ids=tokens.to(self.device, torch.long).view(1, -1),
                 position_ids=pos.to(self.device),
