@@ -452,16 +452,14 @@ def _verify(target: BatchedCache, rows: Sequence[_Row], proposals: Sequence[Draf
     logits = target.forward(blocks)  # [B, W, V]
     for b, (row, prop) in enumerate(zip(rows, proposals)):
         job = row.job
-        prefix = job.prefix()  # [T]
         if prop is None:  # the target alone, as `Job.target_step`
-            scores = job.policy.process(prefix, logits[b, :1])[0]
-            job.emit([job.policy.choose(scores)])
+            job.step_from(logits[b, :1])
             continue
         settle(
             job,
             prop,
             logits[b, : prop.size + 1],
-            lambda path, b=b, T=prefix.shape[0]: target.rollback(b, T + len(path)),
+            lambda path, b=b, T=job.length: target.rollback(b, T + len(path)),
         )
 
 

@@ -1,8 +1,9 @@
 """Where hippo meets details of the installed transformers release.
 
-- The name under which a model's forward takes a KV cache: transformers 5.24 renamed the forward argument `past_key_values` to `cache`; the old name still
-works there with a FutureWarning and is removed in 5.40. hippo supports transformers >= 5.23, so
-every call that hands a model its cache spells it `**cache_arg(cache)`.
+- The name under which a model's forward takes a KV cache: transformers 5.24 renamed the forward
+  argument `past_key_values` to `cache`; the old name still works there with a FutureWarning and is
+  removed in 5.40. hippo supports transformers >= 5.23, so every call that hands a model its cache
+  spells it `**cache_arg(cache)`.
 - The output-capturing hooks a model's first forward installs (`transformers.utils.output_capturing`):
   local functions, which cannot be pickled, so a model that has run cannot be sent to a draft
   process until they are taken off (`drop_output_capturing_hooks`). transformers installs them again

@@ -13,8 +13,8 @@ Notation: p = target, q = draft, γ = draft length, α = probability that a draf
   drift apart. The target-only steps are timed, and the median of the recent ones over the
   calibrated t_decode rescales p's curve (`GammaPlan.scale`).
 - α: the acceptance seen so far in this call, recent rounds weighing more, and a prior of 1/2 that
-  fades like an old round (`Acceptance`). A round checks its accepted tokens and, if it rejected, one more: the
-  tokens after a rejection were never checked, so they are not counted as failures.
+  fades like an old round (`Acceptance`). A round checks its accepted tokens and, if it rejected,
+  one more: the tokens after a rejection were never checked, so they are not counted as failures.
 - A round of γ i.i.d.-accepted drafts emits E(γ) = (1 - α^(γ+1)) / (1 - α) tokens (Leviathan et
   al.). It costs γ·t_draft + t_verify(γ+1) when q and p take turns (`serial`, or a parallel schedule
   whose executor runs them one after the other), and max(γ·t_draft, t_verify(γ+1)) when q drafts
@@ -285,7 +285,6 @@ class GammaPlan:
         #: the last LIVE_STEPS target-only steps, each measured seconds over its curve's t_decode
         self.decode_ratios: list[float] = []
         self._mark: tuple[float, int, float] | None = None  # p's (seconds, forwards, t_decode) before a step
-        self._curve: VerifyCurve | None = None  # the curve of the last decision
 
     def next(
         self,
@@ -310,7 +309,6 @@ class GammaPlan:
         t_draft = auto.t_draft if auto.t_draft is not None else t_draft
         if curve is None or t_draft is None:
             return min(GAMMA_START, auto.gamma_max)
-        self._curve = curve
         alpha = self._alpha(stats)
         # p's curve times `scale` against q's live t_draft: the same as the curve against t_draft / scale
         scale = self.scale

@@ -279,6 +279,7 @@ class Job(Protocol):
     def length(self) -> int: ...  # T: prompt + emitted tokens
     def prefill_draft(self) -> ModelSession: ...
     def emit(self, tokens: Sequence[int]) -> int: ...  # returns how many were kept (EOS, token budget)
+    def step_from(self, logits: torch.Tensor) -> int: ...  # [1, V]: emit p's own next token
     def finish(self) -> None: ...  # books the stats and closes the sessions
 
 

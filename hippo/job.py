@@ -260,9 +260,13 @@ class DecodeJob:
         """One plain autoregressive step of the target (it first consumes any pending tokens)."""
         t0 = time.perf_counter()
         prefix = self.prefix()
-        scores = self.policy.process(prefix, target.sync(prefix)[None])[0]
-        kept = self.emit([self.policy.choose(scores)])
+        kept = self.step_from(target.sync(prefix)[None])
         self.observe("target", "step", t0, pos=prefix.shape[0], emitted=kept)
+
+    def step_from(self, logits: torch.Tensor) -> int:  # logits [1, V]: p's, after the prefix
+        """Emit p's own next token from its logits (a step of the target alone); how many were kept."""
+        scores = self.policy.process(self.prefix(), logits)[0]  # [V]
+        return self.emit([self.policy.choose(scores)])
 
     #: the one verification round (hippo.accept): score, accept, keep, emit, book
     verify_round = verify_round

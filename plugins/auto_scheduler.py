@@ -276,8 +276,7 @@ class AutoScheduler(Scheduler):
         name, record = self.choose(job)
         job.stats.plan.update(record)
         self._scheduler(name).run(job)
-        self.acceptance.update(job.stats)  # continues across jobs: the next job's α
-        self.acceptance.seen = 0
+        self._carry(job)
 
     def run_batch(
         self, jobs: Sequence[DecodeJob], decode: Callable[[Sequence[DecodeJob], int | AutoGamma], None]
@@ -293,9 +292,13 @@ class AutoScheduler(Scheduler):
         try:
             decode(jobs, 0 if name == "autoregressive" else self._batch_gamma())
         finally:
-            for job in jobs:  # continues across jobs: the next job's α
-                self.acceptance.update(job.stats)
-                self.acceptance.seen = 0
+            for job in jobs:
+                self._carry(job)
+
+    def _carry(self, job: DecodeJob) -> None:
+        """Count the job's rounds in the α the pipeline's next job starts from."""
+        self.acceptance.update(job.stats)
+        self.acceptance.seen = 0
 
     def _batch_gamma(self) -> AutoGamma:
         """The batches' γ chooser, kept across batches (its t_verify(B, k) per batch size B): the
