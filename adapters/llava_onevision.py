@@ -23,13 +23,14 @@ import math
 from typing import Any, ClassVar
 
 import torch
-from transformers import DynamicCache, LlavaOnevisionForConditionalGeneration
+from transformers import LlavaOnevisionForConditionalGeneration
 
 from hippo.adapters.attention_readout import AttentionReadout
 from hippo.adapters.hooks import adapter_hooks
 from hippo.compat import cache_arg
 from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import Adapter, Encoded
+from hippo.kvcache import slab_cache
 from hippo.media.inputs import (
     chat_text,
     expand_placeholder,
@@ -164,7 +165,7 @@ class LlavaOnevisionAdapter(AttentionReadout, Adapter):
             embeds, positions = embeds[mask], positions[:, mask]
             if self.positions == "compact":
                 positions = torch.arange(embeds.shape[0], device=embeds.device)[None]
-        cache = DynamicCache(config=self.model.config)
+        cache = slab_cache(self.model.config)
         out = self.model(
             inputs_embeds=embeds[None],
             position_ids=positions,

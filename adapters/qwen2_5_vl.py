@@ -13,13 +13,14 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
+from transformers import Qwen2_5_VLForConditionalGeneration
 
 from hippo import hookimpl
 from hippo.adapters.attention_readout import AttentionReadout
 from hippo.compat import cache_arg
 from hippo.errors import InputError, UnsupportedError
 from hippo.interfaces import Adapter, Encoded
+from hippo.kvcache import slab_cache
 from hippo.media.inputs import (
     chat_text,
     expand_placeholder,
@@ -304,7 +305,7 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
     @torch.inference_mode()
     def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> KVSession:
         L = encoded.length
-        cache = DynamicCache(config=self.model.config)
+        cache = slab_cache(self.model.config)
         logits = self._prefill_logits(encoded, self.keep_mask(encoded, keep), cache)
         delta = encoded.next_position - L
 

@@ -42,12 +42,14 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from hippo.accept import DraftProposal, settle
 from hippo.compat import cache_arg, grouped_query_sdpa
 from hippo.cost import AutoGamma, GammaPlan, VerifyCurve, time_widths
 from hippo.errors import UnsupportedError
 from hippo.interfaces import Job
+from hippo.kvcache import SlabLayer
 from hippo.packed import MAX_ROWS, PackedLinears
 from hippo.registry import lookup
 from hippo.session import KVSession, PackedSessions
@@ -86,7 +88,7 @@ class BatchedCache:
         S = max(sizes)
         self.cache = first.cache  # its layer objects get the stacked tensors (the sessions are spent)
         for i, layer in enumerate(self.cache.layers):
-            if type(layer).__name__ != "DynamicLayer":
+            if type(layer) not in (DynamicLayer, SlabLayer):
                 raise UnsupportedError(
                     f"batched decoding stacks full-attention cache layers only, got {type(layer).__name__}"
                 )

@@ -30,7 +30,8 @@ import torch
 from hippo.conversation import Conversation
 from hippo.errors import InputError, MemoryBudgetError
 from hippo.interfaces import Adapter, Encoded, Scorer
-from hippo.session import KVSession, fork_cache
+from hippo.kvcache import fit_cache, fork_cache
+from hippo.session import KVSession
 
 #: the `hippo.pipeline.Pipeline` that prepares a context (its adapters, scorer and context budget)
 Pipeline = Any
@@ -196,7 +197,7 @@ class VideoContext:
         self.pipeline = pipeline
         self.inputs = inputs
         self.encoded = encoded
-        self.cache = session.cache
+        self.cache = fit_cache(session.cache)  # kept and forked, never grown: no spare slots
         self.prefix_logits = session.prompt_logits  # [V]
         self.capture = capture
         self.tokenizer = tokenizer

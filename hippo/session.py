@@ -3,7 +3,6 @@ kind that runs its few-token forwards on packed linear weights (`hippo.packed`).
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -15,6 +14,7 @@ import torch
 from hippo.compat import cache_arg, grouped_query_sdpa
 from hippo.errors import ConfigError, UnsupportedError
 from hippo.interfaces import ModelSession
+from hippo.kvcache import keep_rows
 from hippo.packed import MAX_ROWS, PackedLinears
 
 #: (start, k) -> position ids [P, 1, k] for the logical tokens start .. start+k-1 after the prompt
@@ -76,7 +76,7 @@ class KVSession(ModelSession):
         return logits
 
     def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # ids [1, k] -> logits [k, V]
-        with self._kernels(ids.shape[1]):
+        with self._kernels(ids.shape[1]), grouped_query_sdpa(self.device):
             out = self.model(input_ids=ids, position_ids=pos, **cache_arg(self.cache), use_cache=True)
         return out.logits[0]
 
@@ -129,6 +129,7 @@ class KVSession(ModelSession):
         self._block = (past, tokens.cpu(), logits)
         return logits
 
+    @torch.inference_mode()
     def keep(self, rows: Sequence[int]) -> None:
         past, tokens, logits = self._block
         self._block = None
@@ -143,13 +144,7 @@ class KVSession(ModelSession):
             self.last_logits = logits[int(rows[-1])]
 
     def _compact(self, past: int, rows: torch.Tensor) -> None:  # rows [r]: block rows to keep, in order
-        index = torch.cat([torch.arange(past), past + rows])  # [past + r]
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-                continue
-            idx = index.to(layer.keys.device)
-            layer.keys = layer.keys.index_select(-2, idx)  # [B, H, past + r, D]
-            layer.values = layer.values.index_select(-2, idx)
+        keep_rows(self.cache, past, rows)
 
     def extend_prompt(self, tokens: torch.Tensor) -> None:  # tokens [k]
         """Feed `tokens` as more prompt (a question after a cached video prefix): afterwards the
@@ -179,21 +174,6 @@ class KVSession(ModelSession):
 
     def close(self) -> None:
         self.cache = None
-
-
-def fork_cache(cache: Any) -> Any:
-    """A copy-on-write view of a transformers `DynamicCache`: it shares the tensors of `cache`.
-
-    The dynamic layers grow by `torch.cat` and shrink by slicing (`crop`, and `KVSession.keep`'s
-    `index_select`), which all rebind new tensors on the fork's own layer objects and never write
-    into the shared ones, so the original's entries stay exactly as they were.
-    """
-    layers = getattr(cache, "layers", None)
-    if layers is None:
-        raise UnsupportedError("a video context needs a transformers Cache with `.layers` (DynamicCache)")
-    out = copy.copy(cache)
-    out.layers = [copy.copy(layer) for layer in layers]
-    return out
 
 
 @attrs.frozen

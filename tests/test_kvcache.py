@@ -1,0 +1,100 @@
+"""Slab-backed cache layers hold exactly what transformers' `DynamicLayer` holds, under any sequence
+of appends, crops, rebinds, kept tree rows and forks (the fork and the original never see each
+other's later writes)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers.cache_utils import DynamicLayer
+
+from hippo.kvcache import MIN_ROOM, SlabLayer, fit_cache, fork_cache, keep_rows, slab_cache
+from hippo.testing import models as hm
+
+B, H, D = 2, 3, 4
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 90)),
+        st.tuples(st.just("crop"), st.integers(1, 40)),
+        st.tuples(st.just("rebind"), st.just(0)),
+        st.tuples(st.just("keep"), st.integers(0, 2**16)),
+        st.tuples(st.just("fork"), st.integers(0, 1)),
+        st.tuples(st.just("outside inference mode"), st.integers(1, 5)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+class _Cache:  # the minimal Cache shape that fork_cache / keep_rows read: `.layers`
+    def __init__(self, layer):
+        self.layers = [layer]
+
+
+def _append(layer, k: int, seed: int, inference: bool = True) -> None:
+    g = torch.Generator().manual_seed(seed)
+    key, value = torch.randn(B, H, k, D, generator=g), torch.randn(B, H, k, D, generator=g)
+    with torch.inference_mode(inference):
+        layer.update(key, value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops)
+def test_slab_layer_holds_what_a_dynamic_layer_holds(steps):
+    pairs = [(_Cache(SlabLayer()), _Cache(DynamicLayer()))]  # every live (slab, reference) pair
+    _append(pairs[0][0].layers[0], 5, 0)
+    _append(pairs[0][1].layers[0], 5, 0)
+    for i, (op, arg) in enumerate(steps):
+        slab, ref = pairs[i % len(pairs)]
+        s, r = slab.layers[0], ref.layers[0]
+        n = r.get_seq_length()
+        if op == "append":
+            _append(s, arg, i)
+            _append(r, arg, i)
+        elif op == "outside inference mode":
+            _append(s, arg, i, inference=False)
+            _append(r, arg, i, inference=False)
+        elif op == "crop" and arg < n:
+            s.crop(-arg)
+            r.crop(-arg)
+        elif op == "rebind":  # someone else's gather (a batch's compaction): new tensors, reordered
+            for layer in (s, r):
+                layer.keys, layer.values = layer.keys.flip(2), layer.values.flip(2)
+        elif op == "keep" and n > 1:  # a token tree: keep some of the last block's rows
+            past = n - 1 - arg % min(n - 1, 8)
+            block = n - past
+            rows = torch.tensor(sorted({(arg >> j) % block for j in range(4)}), dtype=torch.long)
+            with torch.inference_mode():
+                keep_rows(slab, past, rows)
+                keep_rows(ref, past, rows)
+        elif op == "fork":
+            pairs.append((fork_cache(slab), fork_cache(ref)))
+        for a, b in pairs:
+            assert torch.equal(a.layers[0].keys, b.layers[0].keys)
+            assert torch.equal(a.layers[0].values, b.layers[0].values)
+
+
+def test_appends_write_in_place_and_a_crop_reuses_the_slab():
+    layer = SlabLayer()
+    _append(layer, 10, 0)
+    slab = layer.slabs[0]
+    assert slab.shape[2] == 10 + MIN_ROOM
+    for i in range(5):
+        _append(layer, 3, i + 1)
+        layer.crop(-1)
+    assert layer.slabs[0] is slab and layer.get_seq_length() == 20
+    _append(layer, MIN_ROOM, 9)  # past the room: one new slab, a quarter larger than needed
+    assert layer.slabs[0] is not slab and layer.slabs[0].shape[2] == 148 + MIN_ROOM
+
+
+def test_a_kept_cache_holds_no_spare_slots_and_slab_caches_replace_full_attention_layers():
+    cache = slab_cache(hm.tiny("qwen2_5_vl").config)
+    assert cache.layers and all(type(layer) is SlabLayer for layer in cache.layers)
+    layer = cache.layers[0]
+    _append(layer, 7, 0)
+    keys = layer.keys.clone()
+    fit_cache(cache)
+    assert layer.slabs is None and layer.keys.is_contiguous() and torch.equal(layer.keys, keys)
+    assert layer.keys.untyped_storage().nbytes() == keys.numel() * keys.element_size()
