@@ -37,8 +37,6 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from hippo.errors import UnsupportedError
-
 #: a `hippo.sampling.TokenPolicy`: the target's logits processors, decoding mode and generator
 TokenPolicy = Any
 
@@ -241,11 +239,7 @@ def verify_round(job: RoundJob, target: Any, proposal: DraftProposal, bonus: boo
     `target` is a `hippo.interfaces.ModelSession`; it first consumes the emitted tokens it has not seen
     (the previous round's next token). `bonus=False`: PEARL's post-verify (see the module docstring).
     """
-    if not (proposal.chain or job.verifier.trees):
-        raise UnsupportedError(
-            f"verifier {type(job.verifier).__name__} verifies chains only, but the drafter made a token "
-            "tree; use a stock verifier ('greedy', 'rejection') or leave the verifier unset"
-        )
+    job.verifier.check(proposal)
     t0 = time.perf_counter()
     prefix = job.prefix()  # [T]
     logits = target.score_proposal(prefix, proposal)  # [n+1, V] raw p: at the root, then after each node

@@ -19,8 +19,7 @@ import torch
 from hippo.errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:
-    from hippo.accept import DraftProposal, Verdict
-    from hippo.sampling import TokenPolicy
+    from hippo.accept import DraftProposal, TokenPolicy, Verdict
     from hippo.types import Stats, VideoClip, VisualTokens
 
 
@@ -242,6 +241,15 @@ class Verifier(Component):
         p_scores: torch.Tensor,  # [n+1, V] processed target scores: row 0 at the root, row i+1 after node i
         policy: TokenPolicy,
     ) -> Verdict: ...
+
+    def check(self, proposal: DraftProposal) -> None:
+        """Refuse, before scoring, a proposal this verifier cannot decide: a token tree, for one
+        written for chains only."""
+        if not (proposal.chain or self.trees):
+            raise UnsupportedError(
+                f"verifier {type(self).__name__} verifies chains only, but the drafter made a token "
+                "tree; use a stock verifier ('greedy', 'rejection') or leave the verifier unset"
+            )
 
 
 class SessionKind(Protocol):

@@ -5,16 +5,20 @@
 - `accept_sampled` implements that rule on chains: replaying its randomness gives the same decision;
 - on trees it tests siblings in order against the running residual;
 - `accept_greedy`: the longest path equal to p's argmax, then p's next argmax (chains and trees);
-- the proposal: a tree without siblings is a chain; its spine, depths, paths and chunks.
+- the proposal: a tree without siblings is a chain; its spine, depths, paths and chunks;
+- the round refuses a token tree, before scoring it, when the verifier verifies chains only.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hippo.accept import DraftProposal, accept_greedy, accept_sampled, residual
+from hippo.accept import DraftProposal, accept_greedy, accept_sampled, residual, verify_round
+from hippo.errors import UnsupportedError
+from hippo.interfaces import Verifier
 from hippo.testing.strategies import examples
 
 vocab = st.integers(2, 12)
@@ -259,3 +263,20 @@ def test_the_power_bound_holds_in_simulation():
             inside, outside = (a + sign * eps) / a, (1 - a - sign * eps) / (1 - a)
             law = [p * (inside if i in s else outside) for i, p in enumerate(probs)]
             assert rate(law) >= bound - 0.03, (s, sign)
+
+
+def test_a_chains_only_verifier_refuses_a_token_tree_before_scoring():
+    class ChainsOnly(Verifier):
+        def verify(self, proposal, p_scores, policy):
+            raise AssertionError("never reached")
+
+    class Job:
+        verifier = ChainsOnly()
+
+        def prefix(self):
+            raise AssertionError("the round must refuse before it reads the prefix")
+
+    ChainsOnly().check(DraftProposal(tokens=torch.tensor([4, 5])))  # a chain passes
+    tree = DraftProposal(tokens=torch.tensor([4, 5]), parents=torch.tensor([-1, -1]))
+    with pytest.raises(UnsupportedError, match="ChainsOnly verifies chains only"):
+        verify_round(Job(), None, tree)
