@@ -21,7 +21,9 @@ Profiled (narration target after a 587-token prompt, 2 threads, an Intel Xeon wi
 1-token step took 9.5-11 ms, ~2.2 ms of it copying each layer's 8 key/value heads out to the 16 query
 heads, since transformers' SDPA path repeats them whenever an attention mask is given and a static
 cache always gives one. `TRANSFORMERS_SDPA_FORCE_GQA=1` (SDPA's own grouped-query attention) brought
-the step to 7.9 ms; it is not set here because it changes the attention of every model in the process.
+the step to 7.9 ms. It is not set here: set for the whole process it changes the attention of every
+model, and hippo's scoped switch (`hippo.compat.grouped_query_sdpa`) does not reach the compiled graph
+(measured: a compiled 6-token verification took 20.4 ms inside it, 15.7 ms with the variable set at start).
 """
 
 from __future__ import annotations
