@@ -29,7 +29,7 @@ import torch
 
 from hippo.conversation import Conversation
 from hippo.errors import InputError, MemoryBudgetError
-from hippo.interfaces import Adapter, Encoded, Scorer
+from hippo.interfaces import Adapter, Encoded, Scorer, prefilling
 from hippo.kvcache import fit_cache, fork_cache
 from hippo.session import KVSession
 
@@ -303,7 +303,7 @@ def build_context(
         if vis.numel() and int(vis.max()) >= P:
             raise InputError(f"visual tokens run past the shared prefix ({int(vis.max())} >= {P})")
         observe = scorer.observe_target_prefill(adapter, encoded) if scorer is not None else nullcontext()
-        with observe, stage("target prefill"):
+        with observe, stage("target prefill"), prefilling(pipe.sessions["target"], adapter.model):
             session = adapter.prefill(encoded, keep=None)
     capture = scorer.observed() if scorer is not None else None
     return VideoContext(pipe, prefix, encoded, session, capture, tokenizer)

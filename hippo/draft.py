@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hippo.interfaces import prefilling
+
 if TYPE_CHECKING:
     from hippo.accept import DraftProposal
     from hippo.events import EventLog
@@ -60,7 +62,8 @@ class DraftSide:
         encoded = self.encoded()
         t0 = time.perf_counter()
         self._drop_session()
-        self.session = self.adapter.prefill(encoded, keep)
+        with prefilling(self.sessions, self.adapter.model):
+            self.session = self.adapter.prefill(encoded, keep)
         if self.sessions is not None:
             self.session = self.sessions.open(self.session, self.new_tokens)
         if self.events is not None:

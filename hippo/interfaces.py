@@ -253,9 +253,18 @@ class Verifier(Component):
 
 
 class SessionKind(Protocol):
-    """What takes over a role's prefilled sessions (packed weights, a static cache, compiled)."""
+    """What takes over a role's prefilled sessions (packed weights, a static cache, compiled).
+
+    A kind may also define `prefilling(model) -> context manager`, the context the role's prefill
+    runs in (`prefilling` below)."""
 
     def open(self, session: ModelSession, new_tokens: int) -> ModelSession: ...
+
+
+def prefilling(kind: SessionKind | None, model: torch.nn.Module) -> AbstractContextManager:
+    """The context a role's prefill runs in: `kind.prefilling(model)` where the kind has one."""
+    fn = getattr(kind, "prefilling", None)
+    return nullcontext() if fn is None else fn(model)
 
 
 class Job(Protocol):

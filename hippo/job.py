@@ -26,6 +26,7 @@ from hippo.interfaces import (
     ScoringContext,
     Selector,
     Verifier,
+    prefilling,
 )
 from hippo.types import Stats
 
@@ -191,11 +192,11 @@ class DecodeJob:
 
     @booked("target", "prefill", seconds="seconds_target_prefill")
     def _prefill_target(self) -> ModelSession:
-        with self.stage("target prefill"):
-            target = self.source.prefill_target(self.pipeline.scorer)
-        sessions = self.pipeline.sessions[
-            "target"
-        ]  # after the scorer read the prefill (a static cache copies it)
+        p = self.pipeline
+        sessions = p.sessions["target"]
+        with self.stage("target prefill"), prefilling(sessions, p.target_adapter.model):
+            target = self.source.prefill_target(p.scorer)
+        # after the scorer read the prefill (a static cache copies it)
         return target if sessions is None else sessions.open(target, self.max_new_tokens)
 
     def select(self, scorer: Scorer | None) -> torch.Tensor:  # -> [K] kept visual indices

@@ -178,7 +178,7 @@ class KVSession(ModelSession):
 
 @attrs.frozen
 class PackedSessions:
-    """Run a role's sessions with packed linear weights for forwards of 2..`max_rows` tokens.
+    """Run a role's prefill, and its sessions' forwards of 2..`max_rows` tokens, on packed linear weights.
 
     `open` gives a prefilled `KVSession` its model's packing; a model it cannot pack (not CPU fp32,
     no oneDNN) or another kind of session runs as before, so the default costs nothing there.
@@ -192,6 +192,10 @@ class PackedSessions:
     def _max_rows(self, _attr, value):
         if not isinstance(value, int) or isinstance(value, bool) or value < 2:
             raise ConfigError(f"pack max_rows must be an int >= 2 (tokens of one forward), got {value!r}")
+
+    def prefilling(self, model: torch.nn.Module) -> Any:
+        """The context the role's prefill runs in: on the packed weights too (`PackedLinears.prefill`)."""
+        return PackedLinears.of(model).prefill()
 
     def open(self, session: Any, new_tokens: int) -> Any:
         if self.then is not None:

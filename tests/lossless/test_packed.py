@@ -70,11 +70,16 @@ def test_routes_only_few_token_forwards_of_its_own_weights():
         assert packed.routed == 1  # the routing holds in the calling thread only
         torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(other, eager, rtol=0, atol=0)
+    with packed.prefill():  # a prompt's prefill, of any length, but only what runs in inference mode
+        torch.nn.functional.linear(x, head)
+        with torch.inference_mode():
+            torch.nn.functional.linear(torch.randn(1, 300, head.shape[1]), head)
+    assert packed.routed == 2
     with torch.no_grad():
         head.add_(0.0)  # changed in place since packing: the stale packing is not used
     with torch.inference_mode(), packed.rows(6):
         torch.nn.functional.linear(x, head)
-    assert packed.routed == 1
+    assert packed.routed == 2
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
@@ -94,6 +99,10 @@ def test_packed_pipelines_equal_target_generate(adapter):
         out = pipe.generate(inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False)
         assert out.sequences.tolist() == ref.tolist(), (adapter, scheduler)
         assert packed.routed > before, f"{scheduler}: the target's verifications did not use packed weights"
+    before = packed.routed  # one new token: the target's prefill alone, on the packed weights
+    b = hippo.PipelineBuilder().target(target).draft(draft).scheduler("serial", gamma=4)
+    out = b.build().generate(inputs, max_new_tokens=1)
+    assert out.sequences.tolist() == ref[:, : out.sequences.shape[1]].tolist() and packed.routed > before
     pipe = hippo.PipelineBuilder().target(target).draft(draft).pack().build()  # off
     assert pipe.sessions["target"] is None
 
