@@ -61,11 +61,8 @@ class _Route(TorchFunctionMode):
         self.inference_only = inference_only
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if (
-            func is F.linear
-            and len(args) >= 2
-            and not (self.inference_only and not torch.is_inference_mode_enabled())
-        ):
+        live = not self.inference_only or torch.is_inference_mode_enabled()
+        if live and func is F.linear and len(args) >= 2:
             x, weight = args[0], args[1]  # x [..., I], weight [O, I]
             packed = self.owner.packs.get(id(weight))
             if packed is not None and packed.source is weight and packed.version == weight._version:
