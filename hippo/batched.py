@@ -52,7 +52,7 @@ from hippo.interfaces import Job
 from hippo.kvcache import SlabLayer
 from hippo.packed import MAX_ROWS, PackedLinears
 from hippo.registry import lookup
-from hippo.session import KVSession, PackedSessions
+from hippo.session import KVSession, PackedSessions, embeddable
 
 #: compact when at least this share of the cache's slots (beyond the longest row) are holes ...
 COMPACT_SHARE = 0.125
@@ -81,7 +81,7 @@ class BatchedCache:
         self.model, self.device = first.model, first.device
         self.dtype = next(self.model.parameters()).dtype
         self.packed, self.max_rows = packed, max_rows
-        self.embedding_rows = first.embedding_rows()  # ids past them are fed as the last (KVSession's rule)
+        self.embedding_rows = first.embedding_rows  # ids past them are fed as the last (`embeddable`)
         self.positions = [s.positions for s in sessions]
         self.lengths = [int(s.length) for s in sessions]
         self.slots: list[list[int]] = [[] for _ in sessions]
@@ -131,8 +131,7 @@ class BatchedCache:
         ids = torch.zeros(B, W, dtype=torch.long)
         for b, toks in enumerate(blocks):
             ids[b, : len(toks)] = torch.as_tensor(list(toks), dtype=torch.long)
-        if self.embedding_rows:
-            ids.clamp_(max=self.embedding_rows - 1)
+        ids = embeddable(ids, self.embedding_rows)
         pos = torch.cat(
             [fn(n, W) for fn, n in zip(self.positions, self.lengths)], dim=-2
         )  # [P, B, W] | [B, W]

@@ -29,6 +29,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
+def embedding_rows(model: Any) -> int:
+    """Rows of the model's input embedding (0: unknown)."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return int(emb.num_embeddings) if isinstance(emb, torch.nn.Embedding) else 0
+
+
+def embeddable(ids: torch.Tensor, rows: int) -> torch.Tensor:  # [..., k] long -> [..., k]
+    """`ids` with those the model has no embedding row for fed as its last id. Only a draft whose
+    vocabulary is padded short of the target's meets them (Qwen2.5-VL 3B has 151936 rows, 7B 152064)
+    when the target emits one: the draft then drafts from a slightly different context, which may
+    cost acceptance but never changes the output (p verifies every draft token)."""
+    return ids.clamp(max=rows - 1) if rows else ids
+
+
 class KVSession(ModelSession):
     """Feeds tokens to a prefilled transformers model and crops its cache on rollback.
 
@@ -59,7 +73,7 @@ class KVSession(ModelSession):
         self._block: tuple[int, torch.Tensor, torch.Tensor] | None = None  # forward_masked, until keep
         self.packed: PackedLinears | None = None  # packed linear weights (set by PackedSessions) ...
         self.packed_rows = 0  # ... for forwards of 2..packed_rows tokens
-        self._rows: int | None = None  # the model's embedding rows (`_embeddable`), once looked up
+        self.embedding_rows = embedding_rows(model)  # ids past them are fed as the last (`embeddable`)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [k] -> [k, V]
@@ -67,7 +81,7 @@ class KVSession(ModelSession):
         ids = tokens.to(self.device, torch.long).view(1, -1)
         pos = self.positions(self.length, ids.shape[1]).to(self.device)
         self._reserve(ids.shape[1])
-        logits = self._step(self._embeddable(ids), pos)
+        logits = self._step(embeddable(ids, self.embedding_rows), pos)
         self.length += ids.shape[1]
         self.generated.extend(ids[0].tolist())
         self.last_logits = logits[-1]
@@ -80,21 +94,6 @@ class KVSession(ModelSession):
         with self._kernels(ids.shape[1]), grouped_query_sdpa(self.device):
             out = self.model(input_ids=ids, position_ids=pos, **cache_arg(self.cache), use_cache=True)
         return out.logits[0]
-
-    def _embeddable(self, ids: torch.Tensor) -> torch.Tensor:  # [1, k] -> [1, k]
-        """`ids` with those the model has no embedding for fed as its last id. Only a draft whose
-        vocabulary is padded short of the target's meets them (Qwen2.5-VL 3B has 151936 rows, 7B 152064)
-        when the target emits one: the draft then drafts from a slightly different context, which
-        may cost acceptance but never changes the output (p verifies every draft token)."""
-        rows = self.embedding_rows()
-        return ids.clamp(max=rows - 1) if rows else ids
-
-    def embedding_rows(self) -> int:
-        """Rows of the model's input embedding (0: unknown)."""
-        if self._rows is None:
-            emb = self.model.get_input_embeddings()
-            self._rows = int(emb.num_embeddings) if isinstance(emb, torch.nn.Embedding) else 0
-        return self._rows
 
     def _kernels(self, rows: int) -> Any:
         """Where a forward of `rows` tokens runs its linear layers (`hippo.packed`)."""
@@ -132,7 +131,7 @@ class KVSession(ModelSession):
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         with self._kernels(k), grouped_query_sdpa(self.device):
             out = self.model(
-                input_ids=self._embeddable(tokens.to(self.device, torch.long).view(1, -1)),
+                input_ids=embeddable(tokens.to(self.device, torch.long).view(1, -1), self.embedding_rows),
                 position_ids=pos.to(self.device),
                 attention_mask=mask[None, None].to(self.device),
                 **cache_arg(self.cache),
