@@ -6,7 +6,6 @@ interfaces a plugin implements (`Scorer`, `Selector`, `Drafter`, `Verifier`, `Sc
 """
 
 from hippo import errors
-from hippo.accept import DraftProposal, Verdict
 from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
 from hippo.hookspecs import hookimpl
 from hippo.interfaces import (
@@ -21,31 +20,8 @@ from hippo.interfaces import (
     Verifier,
 )
 from hippo.pipeline import Pipeline
+from hippo.proposal import DraftProposal, Verdict
 from hippo.registry import plugin_manager
 from hippo.types import GenerateOutput, Stats, VisualTokens
 
 __version__ = "0.1.0"
-
-__all__ = [
-    "Adapter",
-    "DraftProposal",
-    "Drafter",
-    "Encoded",
-    "GenerateOutput",
-    "ModelSession",
-    "PartSpec",
-    "Pipeline",
-    "PipelineBuilder",
-    "PipelineConfig",
-    "Scheduler",
-    "Scorer",
-    "ScoringContext",
-    "Selector",
-    "Stats",
-    "Verdict",
-    "Verifier",
-    "VisualTokens",
-    "errors",
-    "hookimpl",
-    "plugin_manager",
-]

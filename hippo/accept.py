@@ -1,11 +1,11 @@
-"""How a draft token is accepted: the proposal, the acceptance rules, and the verification round.
+"""How a draft token is accepted: the two acceptance rules and the verification round.
 
 Notation (as in the paper): p = target, q = draft, γ = draft length, V = vocabulary, T = tokens in the
 sequence so far, n = draft tokens in a proposal (γ for a chain; the nodes of a token tree).
 
-A proposal is n draft tokens stored parent-first: token i continues the prefix followed by the path
-to its parent `parents[i]` (< i; -1 = the prefix itself). A chain is the tree in which token i's parent
-is i - 1, so chains and trees are verified by the same two rules, walking from the root:
+A proposal (`hippo.proposal.DraftProposal`) is n draft tokens stored parent-first, each continuing
+the path to its parent; a chain is the tree without siblings, so chains and trees are verified by the
+same two rules, walking from the root:
 
 - **greedy**: at node v move to the child whose token is argmax p_v; at the first node without one,
   emit argmax p_v. The accepted path is the longest one that greedy decoding of p would emit.
@@ -34,134 +34,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import attrs
 import torch
 
-#: a `hippo.sampling.TokenPolicy`: the target's logits processors, decoding mode and generator
-TokenPolicy = Any
-
-
-@attrs.frozen
-class DraftProposal:
-    """n draft tokens (a chain, or a token tree stored parent-first) and, when sampling, their laws."""
-
-    tokens: torch.Tensor  # [n] long
-    q: torch.Tensor | None = None  # [n, V] law each token was drawn from (None for greedy drafts)
-    parents: torch.Tensor | None = None  # [n] long: parent of each token, -1 = the prefix; None = a chain
-
-    def __attrs_post_init__(self):
-        par = self.parents
-        if par is not None and torch.equal(par.cpu(), torch.arange(par.shape[0]) - 1):
-            object.__setattr__(self, "parents", None)  # a tree without siblings is a chain
-
-    @property
-    def chain(self) -> bool:
-        return self.parents is None
-
-    @property
-    def size(self) -> int:
-        """Draft tokens made (a round books them as drafted)."""
-        return int(self.tokens.shape[0])
-
-    def parent_list(self) -> list[int]:
-        return list(range(-1, self.size - 1)) if self.parents is None else self.parents.tolist()
-
-    def depths(self) -> torch.Tensor:  # [n], 1 for the children of the prefix
-        if self.parents is None:
-            return torch.arange(1, self.size + 1)
-        d: list[int] = []
-        for par in self.parents.tolist():
-            d.append(1 if par < 0 else d[par] + 1)
-        return torch.tensor(d, dtype=torch.long)
-
-    @property
-    def depth(self) -> int:
-        """The most draft tokens one round can accept; fewer accepted means a rejection."""
-        return int(self.depths().max()) if self.size else 0
-
-    def children(self) -> list[list[int]]:  # [n + 1] lists: entry 0 is the root, node i is entry i + 1
-        out: list[list[int]] = [[] for _ in range(self.size + 1)]
-        for i, par in enumerate(self.parent_list()):
-            out[par + 1].append(i)
-        return out
-
-    def path(self, node: int) -> list[int]:  # node indices from the root's child down to `node`
-        parents, out = self.parent_list(), []
-        while node >= 0:
-            out.append(node)
-            node = parents[node]
-        return out[::-1]
-
-    def spine(self) -> list[int]:
-        """Node indices of the first-child chain from the root: where a parallel draft continues."""
-        if self.parents is None:
-            return list(range(self.size))
-        children, out, v = self.children(), [], -1
-        while children[v + 1]:
-            v = children[v + 1][0]
-            out.append(v)
-        return out
-
-    def spine_tokens(self) -> torch.Tensor:  # [s]
-        return self.tokens if self.parents is None else self.tokens[self.spine()]
-
-    def ancestor_mask(self) -> torch.Tensor:  # [n, n] bool: [i, j] = node j is node i or one of its ancestors
-        n, parents = self.size, self.parent_list()
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        for i in range(n):
-            mask[i, i] = True
-            if parents[i] >= 0:
-                mask[i] |= mask[parents[i]]
-        return mask
-
-    def truncate(self, n: int) -> DraftProposal:
-        """The first n tokens (parent-first, so still a tree): what a drafting stopped early had made."""
-        return DraftProposal(
-            tokens=self.tokens[:n],
-            q=None if self.q is None else self.q[:n],
-            parents=None if self.parents is None else self.parents[:n],
-        )
-
-    def chunks(self, size: int) -> list[DraftProposal]:
-        """A chain in consecutive pieces of at most `size` tokens, to verify one after the other
-        without bonus tokens (a piece's last target row checks the next piece's first token).
-        A tree is verified whole."""
-        if size >= self.size or self.parents is not None:
-            return [self]
-        return [
-            DraftProposal(
-                tokens=self.tokens[i : i + size], q=None if self.q is None else self.q[i : i + size]
-            )
-            for i in range(0, self.size, size)
-        ]
-
-    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> DraftProposal:
-        """The same proposal with `fn` applied to each tensor field (to host, to shared memory)."""
-        changes = {
-            a.name: fn(getattr(self, a.name))
-            for a in attrs.fields(type(self))
-            if isinstance(getattr(self, a.name), torch.Tensor)
-        }
-        return attrs.evolve(self, **changes)
-
-    def cpu(self) -> DraftProposal:
-        return self.map_tensors(lambda t: t.cpu())
-
-
-@attrs.frozen
-class Verdict:
-    """A rule's decision: the accepted `path` (node indices, root first), then `next_token`.
-
-    `next_token` is the recovered or bonus token; None when a round dropped its bonus token.
-    """
-
-    path: tuple[int, ...]
-    next_token: int | None
-
-    @property
-    def n_accepted(self) -> int:
-        return len(self.path)
-
+from hippo.errors import UnsupportedError
+from hippo.proposal import DraftProposal, TokenPolicy, Verdict
 
 # ---- the two rules, as pure functions ---------------------------------------------------------
 
@@ -239,7 +115,11 @@ def verify_round(job: RoundJob, target: Any, proposal: DraftProposal, bonus: boo
     `target` is a `hippo.interfaces.ModelSession`; it first consumes the emitted tokens it has not seen
     (the previous round's next token). `bonus=False`: PEARL's post-verify (see the module docstring).
     """
-    job.verifier.check(proposal)
+    if not (proposal.chain or job.verifier.trees):  # refused before anything is scored
+        raise UnsupportedError(
+            f"verifier {type(job.verifier).__name__} verifies chains only, but the drafter made a token "
+            "tree; use a stock verifier ('greedy', 'rejection') or leave the verifier unset"
+        )
     t0 = time.perf_counter()
     prefix = job.prefix()  # [T]
     logits = target.score_proposal(prefix, proposal)  # [n+1, V] raw p: at the root, then after each node

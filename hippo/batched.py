@@ -44,13 +44,14 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from hippo.accept import DraftProposal, settle
+from hippo.accept import settle
 from hippo.compat import cache_arg, grouped_query_sdpa
 from hippo.cost import AutoGamma, GammaPlan, VerifyCurve, time_widths
 from hippo.errors import UnsupportedError
 from hippo.interfaces import Job
 from hippo.kvcache import SlabLayer
 from hippo.packed import MAX_ROWS, PackedLinears
+from hippo.proposal import DraftProposal
 from hippo.registry import lookup
 from hippo.session import KVSession, PackedSessions, embeddable
 

@@ -16,9 +16,9 @@ import torch
 from hippo.interfaces import prefilling
 
 if TYPE_CHECKING:
-    from hippo.accept import DraftProposal
     from hippo.events import EventLog
     from hippo.interfaces import Adapter, Drafter, Encoded, ModelSession, SessionKind
+    from hippo.proposal import DraftProposal
     from hippo.sampling import TokenPolicy
 
 

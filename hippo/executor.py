@@ -25,7 +25,7 @@ from hippo.errors import HippoError
 from hippo.interfaces import Component, Job
 
 if TYPE_CHECKING:
-    from hippo.accept import DraftProposal
+    from hippo.proposal import DraftProposal
 
 T = TypeVar("T")
 

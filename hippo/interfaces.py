@@ -19,7 +19,7 @@ import torch
 from hippo.errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:
-    from hippo.accept import DraftProposal, TokenPolicy, Verdict
+    from hippo.proposal import DraftProposal, TokenPolicy, Verdict
     from hippo.types import Stats, VideoClip, VisualTokens
 
 
@@ -231,7 +231,7 @@ class Verifier(Component):
 
     #: True for verifiers that are exact only under greedy decoding.
     greedy_only: ClassVar[bool] = False
-    #: False for verifiers written for chains only (a tree drafter's proposals are then refused).
+    #: False for verifiers written for chains only (the round refuses a tree drafter's proposals).
     trees: ClassVar[bool] = False
 
     @abstractmethod
@@ -241,15 +241,6 @@ class Verifier(Component):
         p_scores: torch.Tensor,  # [n+1, V] processed target scores: row 0 at the root, row i+1 after node i
         policy: TokenPolicy,
     ) -> Verdict: ...
-
-    def check(self, proposal: DraftProposal) -> None:
-        """Refuse, before scoring, a proposal this verifier cannot decide: a token tree, for one
-        written for chains only."""
-        if not (proposal.chain or self.trees):
-            raise UnsupportedError(
-                f"verifier {type(self).__name__} verifies chains only, but the drafter made a token "
-                "tree; use a stock verifier ('greedy', 'rejection') or leave the verifier unset"
-            )
 
 
 class SessionKind(Protocol):

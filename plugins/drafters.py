@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from hippo import hookimpl
-from hippo.accept import DraftProposal
 from hippo.interfaces import Drafter
+from hippo.proposal import DraftProposal
 
 
 class ChainDrafter(Drafter):

@@ -17,9 +17,9 @@ import attrs
 import torch
 
 from hippo import hookimpl
-from hippo.accept import DraftProposal
 from hippo.executor import DraftFailure, DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
+from hippo.proposal import DraftProposal
 
 
 def _positive(instance, attribute, value) -> None:

@@ -26,11 +26,11 @@ import attrs
 import torch
 
 from hippo import hookimpl
-from hippo.accept import DraftProposal, Verdict
 from hippo.cost import GAMMA_START, AutoGamma, GammaPlan, costs_option
 from hippo.executor import DraftFailure, DraftWorker, Executor
 from hippo.interfaces import Scheduler, make_config
 from hippo.job import DecodeJob
+from hippo.proposal import DraftProposal, Verdict
 from hippo.registry import lookup
 from hippo.validators import gamma_option, positive_int
 

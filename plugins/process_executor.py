@@ -30,12 +30,12 @@ import torch
 import torch.multiprocessing as mp
 
 from hippo import hookimpl
-from hippo.accept import DraftProposal
 from hippo.compat import drop_output_capturing_hooks, register_output_capturing
 from hippo.context import DraftPrefix, EncodingStore
 from hippo.draft import DraftSide
 from hippo.executor import DraftFailure, DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
+from hippo.proposal import DraftProposal
 from hippo.validators import positive_int
 
 

@@ -17,7 +17,7 @@ Drafting (`TreeDrafter`)
     so the draft's cache is brought back to the accepted prefix by the next round's `sync`.
 
 Verification
-    A tree is a `hippo.accept.DraftProposal` with `parents`. The core verifies it like a chain: the
+    A tree is a `hippo.proposal.DraftProposal` with `parents`. The core verifies it like a chain: the
     target scores every node in one masked pass (`ModelSession.score_proposal`), the stock rules of
     `hippo.accept` walk it from the root (greedy: the longest argmax path; sampling: recursive
     rejection sampling over siblings), and the session keeps the accepted path (`keep_path`, a KV
@@ -36,10 +36,10 @@ import attrs
 import torch
 
 from hippo import hookimpl
-from hippo.accept import DraftProposal
 from hippo.errors import ConfigError
 from hippo.interfaces import Drafter, ModelSession
 from hippo.plugins.schedulers import SerialScheduler
+from hippo.proposal import DraftProposal
 from hippo.sampling import TokenPolicy
 from hippo.validators import positive_int
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from hippo import hookimpl
-from hippo.accept import DraftProposal, Verdict, accept_greedy, accept_sampled
+from hippo.accept import accept_greedy, accept_sampled
 from hippo.interfaces import Verifier
+from hippo.proposal import DraftProposal, Verdict
 from hippo.sampling import TokenPolicy
 
 

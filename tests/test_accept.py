@@ -16,9 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hippo.accept import DraftProposal, accept_greedy, accept_sampled, residual, verify_round
+from hippo.accept import accept_greedy, accept_sampled, residual, verify_round
 from hippo.errors import UnsupportedError
 from hippo.interfaces import Verifier
+from hippo.proposal import DraftProposal
 from hippo.testing.strategies import examples
 
 vocab = st.integers(2, 12)
@@ -276,7 +277,8 @@ def test_a_chains_only_verifier_refuses_a_token_tree_before_scoring():
         def prefix(self):
             raise AssertionError("the round must refuse before it reads the prefix")
 
-    ChainsOnly().check(DraftProposal(tokens=torch.tensor([4, 5])))  # a chain passes
+    with pytest.raises(AssertionError, match="must refuse before"):  # a chain gets past the refusal
+        verify_round(Job(), None, DraftProposal(tokens=torch.tensor([4, 5])))
     tree = DraftProposal(tokens=torch.tensor([4, 5]), parents=torch.tensor([-1, -1]))
     with pytest.raises(UnsupportedError, match="ChainsOnly verifies chains only"):
         verify_round(Job(), None, tree)

@@ -109,7 +109,7 @@ def _core_imports(path: Path) -> set[str]:
 def test_the_core_imports_follow_the_readme_order():
     groups = core_order()
     rank = {m: i for i, g in enumerate(groups) for m in g}
-    modules = {f.stem for f in (ROOT / "hippo").glob("*.py")}
+    modules = {f.stem for f in (ROOT / "hippo").glob("*.py")} - {"__init__"}
     assert modules == set(rank), (
         f"the README's order misses {modules - set(rank)} or names {set(rank) - modules}"
     )
@@ -119,3 +119,15 @@ def test_the_core_imports_follow_the_readme_order():
             if rank[dep] <= rank[name]:
                 wrong.append(f"{name} -> {dep}")
     assert not wrong, f"core imports that do not point right in the README's order: {wrong}"
+
+
+def test_the_package_face_only_re_exports():
+    """`hippo/__init__.py` stands above the order: it imports the public names and defines nothing
+    but `__version__`, so it adds no layer of its own."""
+    tree = ast.parse((ROOT / "hippo" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["__version__"]:
+            continue
+        assert isinstance(node, ast.ImportFrom), f"hippo/__init__.py line {node.lineno} is not a re-export"

@@ -15,8 +15,8 @@ import attrs
 import torch
 
 import hippo
-from hippo.accept import DraftProposal
 from hippo.interfaces import Drafter
+from hippo.proposal import DraftProposal
 from hippo.registry import lookup
 
 CORRUPTING = "hippo-testing-corrupting"

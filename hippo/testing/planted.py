@@ -27,9 +27,10 @@ from typing import Any
 import torch
 
 import hippo
-from hippo.accept import DraftProposal, Verdict, residual
+from hippo.accept import residual
 from hippo.plugins.drafters import ChainDrafter
 from hippo.plugins.verifiers import TreeVerifier
+from hippo.proposal import DraftProposal, Verdict
 from hippo.sampling import TokenPolicy
 from hippo.testing.drafters import registered
 

@@ -24,7 +24,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hippo
-from hippo.accept import DraftProposal
 from hippo.cost import (
     BACKOFF_MAX,
     BACKOFF_START,
@@ -37,6 +36,7 @@ from hippo.cost import (
 )
 from hippo.errors import ConfigError
 from hippo.interfaces import Drafter
+from hippo.proposal import DraftProposal
 from hippo.registry import lookup
 from hippo.testing import models as hm
 from hippo.testing import reference as hr

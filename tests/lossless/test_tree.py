@@ -27,9 +27,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hippo
-from hippo.accept import DraftProposal
 from hippo.interfaces import Drafter
 from hippo.plugins.tree import TreeDrafter
+from hippo.proposal import DraftProposal
 from hippo.testing import LosslessViolation, planted_plugin
 from hippo.testing import models as hm
 from hippo.testing import params as hp
