@@ -48,6 +48,7 @@ POSITIONS = ("original", "compact")
 
 class LlavaOnevisionAdapter(AttentionReadout, Adapter):
     name = "llava_onevision"
+    direct_steps = True  # logits = lm_head(language_model(...)) (also Qwen3-VL, video-SALMONN 2+)
     model_types = ("llava_onevision",)
     model_class = LlavaOnevisionForConditionalGeneration
 
@@ -178,7 +179,9 @@ class LlavaOnevisionAdapter(AttentionReadout, Adapter):
         def decode_positions(start: int, k: int) -> torch.Tensor:  # -> [1, k]
             return (torch.arange(start, start + k) + delta)[None]
 
-        return KVSession(self.model, cache, out.logits[0, -1], L, L, decode_positions)
+        return KVSession(
+            self.model, cache, out.logits[0, -1], L, L, decode_positions, direct=self.direct_steps
+        )
 
 
 hippo_register_adapters, hippo_resolve_adapter = adapter_hooks(LlavaOnevisionAdapter)

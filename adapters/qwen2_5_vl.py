@@ -72,6 +72,7 @@ def _batch1(inputs: dict[str, Any], key: str) -> torch.Tensor:
 
 class Qwen25VLAdapter(AttentionReadout, Adapter):
     name = "qwen2_5_vl"
+    direct_steps = True  # logits = lm_head(language_model(...)) (also Qwen3-VL, video-SALMONN 2+)
     model_types = ("qwen2_5_vl",)
     model_class = Qwen2_5_VLForConditionalGeneration
 
@@ -312,7 +313,7 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
         def decode_positions(start: int, k: int) -> torch.Tensor:  # -> [3, 1, k]
             return (torch.arange(start, start + k) + delta).view(1, 1, k).expand(3, 1, k)
 
-        return KVSession(self.model, cache, logits, L, L, decode_positions)
+        return KVSession(self.model, cache, logits, L, L, decode_positions, direct=self.direct_steps)
 
 
 @hookimpl

@@ -374,8 +374,9 @@ class Turn:
             return out if out.shape[0] == 1 else out[:, None, :]
 
         session = KVSession(
-            adapter.model, fork_cache(self.ctx.cache), self.ctx.prefix_logits, P, P, positions
-        )
+            adapter.model, fork_cache(self.ctx.cache), self.ctx.prefix_logits, P, P, positions,
+            direct=adapter.direct_steps,
+        )  # fmt: skip
         observe = (
             scorer.observe_target_extension(adapter, encoded, P, self.ctx.capture)
             if scorer is not None

@@ -346,6 +346,10 @@ class Adapter(ABC):
     model_class: ClassVar[Any] = None
     #: Whether the backbone also needs the video's audio track (audio-visual models).
     needs_audio: ClassVar[bool] = False
+    #: Whether the model's logits are its output head (`get_output_embeddings()`) applied to its
+    #: decoder's (`get_decoder()`) last hidden state with nothing in between (no scaling, no
+    #: soft-capping): text-only steps then call those two directly (`KVSession(direct=True)`).
+    direct_steps: ClassVar[bool] = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Adapter:
         # Record the options the adapter is built with, whatever the subclass's signature, so that

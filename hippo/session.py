@@ -58,6 +58,7 @@ class KVSession(ModelSession):
         length: int,  # logical prompt length
         prompt_length: int,
         positions: PositionFn,
+        direct: bool = False,  # the adapter's `direct_steps`: logits = head(decoder(...))
     ):
         self.model = model
         self.cache = cache
@@ -74,6 +75,7 @@ class KVSession(ModelSession):
         self.packed: PackedLinears | None = None  # packed linear weights (set by PackedSessions) ...
         self.packed_rows = 0  # ... for forwards of 2..packed_rows tokens
         self.embedding_rows = embedding_rows(model)  # ids past them are fed as the last (`embeddable`)
+        self.direct = (model.get_decoder(), model.get_output_embeddings()) if direct else None
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [k] -> [k, V]
@@ -92,8 +94,16 @@ class KVSession(ModelSession):
 
     def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # ids [1, k] -> logits [k, V]
         with self._kernels(ids.shape[1]), grouped_query_sdpa(self.device):
-            out = self.model(input_ids=ids, position_ids=pos, **cache_arg(self.cache), use_cache=True)
-        return out.logits[0]
+            return self._logits(input_ids=ids, position_ids=pos)[0]
+
+    def _logits(self, **inputs: Any) -> torch.Tensor:  # -> [1, k, V]
+        """A text-only forward on the cache. With `direct`, through the model's decoder and output
+        head themselves: the same logits without the multimodal wrapper's Python around them
+        (0.64 against 0.75 ms for the narration draft's step)."""
+        if self.direct is None:
+            return self.model(**inputs, **cache_arg(self.cache), use_cache=True).logits
+        decoder, head = self.direct
+        return head(decoder(**inputs, **cache_arg(self.cache), use_cache=True).last_hidden_state)
 
     def _kernels(self, rows: int) -> Any:
         """Where a forward of `rows` tokens runs its linear layers (`hippo.packed`)."""
@@ -130,14 +140,11 @@ class KVSession(ModelSession):
         mask = torch.zeros(allowed.shape, dtype=dtype)  # [k, kv] additive
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         with self._kernels(k), grouped_query_sdpa(self.device):
-            out = self.model(
+            logits = self._logits(
                 input_ids=embeddable(tokens.to(self.device, torch.long).view(1, -1), self.embedding_rows),
                 position_ids=pos.to(self.device),
                 attention_mask=mask[None, None].to(self.device),
-                **cache_arg(self.cache),
-                use_cache=True,
-            )
-        logits = out.logits[0]
+            )[0]
         synchronize(self.device)
         self.seconds_decode += time.perf_counter() - t0
         self.forwards += 1

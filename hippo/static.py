@@ -100,6 +100,7 @@ class StaticKVSession(KVSession):
             session.length,
             session.prompt_length,
             session.positions,
+            direct=session.direct is not None,
         )
         self.last_logits, self.generated = session.last_logits, list(session.generated)
         self.compiled = step

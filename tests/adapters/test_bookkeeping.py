@@ -93,6 +93,22 @@ def test_sessions_pass_the_cache_as_this_release_names_it(name):
     assert [str(w.message) for w in caught if "past_key_values" in str(w.message)] == []
 
 
+@pytest.mark.parametrize("name", sorted(BACKBONES))
+def test_steps_through_the_decoder_give_the_models_own_logits(name):
+    """Each stock adapter vouches that its model's logits are head(decoder(...)) (`direct_steps`):
+    its sessions' steps skip the multimodal wrapper, with the wrapper's own logits."""
+    cls, model, inputs = _setup(name)
+    adapter = cls(model)
+    assert cls.direct_steps
+    session = adapter.prefill(adapter.encode(inputs), None)
+    assert session.direct == (model.get_decoder(), model.get_output_embeddings())
+    L = session.length
+    direct = session.forward(torch.tensor([1, 2, 3]))  # [3, V]
+    session.rollback(L)
+    session.direct = None
+    assert torch.equal(session.forward(torch.tensor([1, 2, 3])), direct)
+
+
 def test_llava_compact_positions_renumber():
     cls, model, inputs = _setup("llava_onevision")
     adapter = cls(model, positions="compact")
