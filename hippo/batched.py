@@ -45,7 +45,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from hippo.accept import settle
-from hippo.compat import cache_arg, grouped_query_sdpa
+from hippo.compat import grouped_query_sdpa
 from hippo.cost import AutoGamma, GammaPlan, VerifyCurve, time_widths
 from hippo.errors import UnsupportedError
 from hippo.interfaces import Job
@@ -53,7 +53,7 @@ from hippo.kvcache import SlabLayer
 from hippo.packed import MAX_ROWS, PackedLinears
 from hippo.proposal import DraftProposal
 from hippo.registry import lookup
-from hippo.session import KVSession, PackedSessions, embeddable
+from hippo.session import KVSession, PackedSessions, embeddable, step_logits
 
 #: compact when at least this share of the cache's slots (beyond the longest row) are holes ...
 COMPACT_SHARE = 0.125
@@ -79,7 +79,7 @@ class BatchedCache:
                     f"{type(s).__name__}; build the pipeline without static-cache sessions"
                 )
         first = sessions[0]
-        self.model, self.device = first.model, first.device
+        self.model, self.device, self.direct = first.model, first.device, first.direct
         self.dtype = next(self.model.parameters()).dtype
         self.packed, self.max_rows = packed, max_rows
         self.embedding_rows = first.embedding_rows  # ids past them are fed as the last (`embeddable`)
@@ -149,18 +149,18 @@ class BatchedCache:
         )
         kernels = self.packed.rows(B * W, self.max_rows) if self.packed is not None else nullcontext()
         with kernels, grouped_query_sdpa(self.device):
-            out = self.model(
+            logits = step_logits(
+                self.model,
+                self.direct,
+                self.cache,
                 input_ids=ids.to(self.device),
                 position_ids=pos.to(self.device),
                 attention_mask=mask[:, None].to(self.device),
-                **cache_arg(self.cache),
-                use_cache=True,
-            )
+            )  # [B, W, V]
         for b, n in enumerate(widths):
             self.slots[b].extend(range(S, S + n))
             self.lengths[b] += n
         self.valid = torch.cat([self.valid, real], dim=1)
-        logits = out.logits  # [B, W, V]
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         self.seconds += time.perf_counter() - t0
