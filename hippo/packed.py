@@ -13,8 +13,10 @@ bandwidth floor, without compiling anything. Measured on the narration target (2
 second copy of those weights in memory), and `with packed.rows(k):` routes the linear layers of a
 forward of k rows through them when `2 <= k <= max_rows`; `with packed.prefill():` routes a prompt's
 prefill too (oneDNN's GEMM on the reordered weights beat MKL's large-M sgemm there: the narration
-target's 587-token prefill took 227-232 ms against 250 ms). The routing is a torch function mode: it
-holds in the calling thread only, and the model is not changed. One-token steps stay on MKL, which
+target's 587-token prefill took 227-232 ms against 250 ms). The packed layers become `PackedLinear`,
+an `nn.Linear` that reads the routing of the calling thread (its modeling code and parameters are
+unchanged), and no other call pays for the routing (a torch function mode, which sees every op of a
+forward, cost 0.7-0.9 ms of the narration target's 11 ms step). One-token steps stay on MKL, which
 is as fast there and computes exactly what `generate`'s decoding computes. Anything else (another
 device or dtype, autograd, a weight changed in place since it was packed) takes the ordinary `F.linear`.
 """
@@ -28,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 #: row counts (tokens of one forward) routed to the packed weights by default: a verification's
 #: γ+1 and a draft's catch-up, never a prompt's prefill
@@ -51,28 +52,48 @@ class _Packed:
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
-class _Route(TorchFunctionMode):
-    """Sends `F.linear` calls on packed weights to oneDNN; every other call runs unchanged.
+_ACTIVE = threading.local()  # .route: the `_Route` this thread's forwards run in, if any
+
+
+class PackedLinear(torch.nn.Linear):
+    """`nn.Linear` that, inside its model's routing context in the calling thread, multiplies by its
+    oneDNN-packed weight. Outside one (or while compiling) it is `nn.Linear`: `PackedLinears.of`
+    sets it as the class of the layers it packs, and the model's code and parameters are unchanged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., I] -> [..., O]
+        route = None if torch.compiler.is_compiling() else getattr(_ACTIVE, "route", None)
+        out = None if route is None else route.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias) if out is None else out
+
+
+class _Route:
+    """The context in which this thread's packed layers of one model run on their packed weights.
     `inference_only`: only calls made in inference mode (a prefill's, whose caller decides no mode)."""
 
     def __init__(self, owner: PackedLinears, inference_only: bool = False):
-        super().__init__()
         self.owner = owner
         self.inference_only = inference_only
+        self.outer: _Route | None = None
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        live = not self.inference_only or torch.is_inference_mode_enabled()
-        if live and func is F.linear and len(args) >= 2:
-            x, weight = args[0], args[1]  # x [..., I], weight [O, I]
-            packed = self.owner.packs.get(id(weight))
-            if packed is not None and packed.source is weight and packed.version == weight._version:
-                bias = args[2] if len(args) > 2 else (kwargs or {}).get("bias")
-                self.owner.routed += 1
-                out = torch.ops.mkldnn._linear_pointwise(
-                    x.reshape(-1, x.shape[-1]), packed.weight, bias, "none", [], ""
-                )  # [rows, O]
-                return out.view(*x.shape[:-1], weight.shape[0])
-        return func(*args, **(kwargs or {}))
+    def __enter__(self) -> _Route:
+        self.outer, _ACTIVE.route = getattr(_ACTIVE, "route", None), self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _ACTIVE.route = self.outer
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+        """x [..., I] by the packed `weight` [O, I] on oneDNN; None where the ordinary kernel must run."""
+        if self.inference_only and not torch.is_inference_mode_enabled():
+            return None
+        packed = self.owner.packs.get(id(weight))
+        if packed is None or packed.source is not weight or packed.version != weight._version:
+            return None
+        self.owner.routed += 1
+        out = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(-1, x.shape[-1]), packed.weight, bias, "none", [], ""
+        )
+        return out.view(*x.shape[:-1], weight.shape[0])  # [..., O]
 
 
 class PackedLinears:
@@ -86,6 +107,7 @@ class PackedLinears:
                 w = module.weight
                 if w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2:
                     self.packs[id(w)] = _Packed(w)
+                    module.__class__ = PackedLinear
         self.bytes = sum(p.weight.numel() * p.weight.element_size() for p in self.packs.values())
 
     @classmethod
@@ -121,7 +143,7 @@ def _decoder_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
     out = []
     for part in parts:
         for m in part.modules():
-            if isinstance(m, torch.nn.Linear) and id(m) not in seen:
+            if type(m) in (torch.nn.Linear, PackedLinear) and id(m) not in seen:  # not a subclass
                 seen.add(id(m))
                 out.append(m)
     return out

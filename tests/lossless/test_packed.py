@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import hippo
 from hippo.errors import ConfigError
-from hippo.packed import PackedLinears, available
+from hippo.packed import PackedLinear, PackedLinears, available
 from hippo.session import PackedSessions
 from hippo.testing import assert_greedy_lossless
 from hippo.testing import models as hm
@@ -49,36 +49,40 @@ def test_routes_only_few_token_forwards_of_its_own_weights():
     model = tiny32("qwen2_5_vl")
     packed = PackedLinears.of(model)
     assert packed is PackedLinears.of(model) and packed.packs and packed.bytes > 0
-    head = model.get_output_embeddings().weight
-    assert id(head) in packed.packs  # the output head is packed ...
-    vision = next(m.weight for m in model.model.visual.modules() if isinstance(m, torch.nn.Linear))
-    assert id(vision) not in packed.packs  # ... the vision tower is not (it only runs in the prefill)
+    layer = model.get_output_embeddings()
+    head = layer.weight
+    assert id(head) in packed.packs and type(layer) is PackedLinear  # the output head is packed ...
+    vision = next(m for m in model.model.visual.modules() if isinstance(m, torch.nn.Linear))
+    assert (
+        id(vision.weight) not in packed.packs and type(vision) is torch.nn.Linear
+    )  # ... not the vision tower
     x = torch.randn(1, 6, head.shape[1])  # [B, k, D]
     with torch.inference_mode():
         eager = torch.nn.functional.linear(x, head)
         assert packed.routed == 0
         for rows in (1, 65):  # a decode step and a prefill stay on the ordinary kernel
             with packed.rows(rows):
-                torch.nn.functional.linear(x, head)
+                layer(x)
         assert packed.routed == 0
         with packed.rows(6):
-            out = torch.nn.functional.linear(x, head)  # [1, 6, V]
-            other = torch.nn.functional.linear(x, head.clone())  # not a packed weight
-            t = threading.Thread(target=lambda: torch.nn.functional.linear(x, head))
+            out = layer(x)  # [1, 6, V]
+            other = torch.nn.functional.linear(x, head)  # not through the layer
+            t = threading.Thread(target=lambda: layer(x))
             t.start()
             t.join()
         assert packed.routed == 1  # the routing holds in the calling thread only
         torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(other, eager, rtol=0, atol=0)
+        torch.testing.assert_close(layer(x), eager, rtol=0, atol=0)  # outside the context: nn.Linear
     with packed.prefill():  # a prompt's prefill, of any length, but only what runs in inference mode
-        torch.nn.functional.linear(x, head)
+        layer(x)
         with torch.inference_mode():
-            torch.nn.functional.linear(torch.randn(1, 300, head.shape[1]), head)
+            layer(torch.randn(1, 300, head.shape[1]))
     assert packed.routed == 2
     with torch.no_grad():
         head.add_(0.0)  # changed in place since packing: the stale packing is not used
     with torch.inference_mode(), packed.rows(6):
-        torch.nn.functional.linear(x, head)
+        layer(x)
     assert packed.routed == 2
 
 
