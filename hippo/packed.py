@@ -16,8 +16,10 @@ prefill too (oneDNN's GEMM on the reordered weights beat MKL's large-M sgemm the
 target's 587-token prefill took 227-232 ms against 250 ms). The packed layers become `PackedLinear`,
 an `nn.Linear` that reads the routing of the calling thread (its modeling code and parameters are
 unchanged), and no other call pays for the routing (a torch function mode, which sees every op of a
-forward, cost 0.7-0.9 ms of the narration target's 11 ms step). One-token steps stay on MKL, which
-is as fast there and computes exactly what `generate`'s decoding computes. Anything else (another
+forward, cost 0.7-0.9 ms of the narration target's 11 ms step). One-token steps stay on MKL so that
+they compute exactly what `generate`'s decoding computes (a target-alone fallback emits generate's
+own float32 tokens), although oneDNN is faster there on this AMD EPYC: MKL's one-row sgemv runs on
+one thread (the target's 126 MB of matrices in 7.8 ms, 16 GB/s, on 1 or 2 threads; oneDNN 5.7-6.2 ms). Anything else (another
 device or dtype, autograd, a weight changed in place since it was packed) takes the ordinary `F.linear`.
 """
 
