@@ -16,11 +16,13 @@ prefill too (oneDNN's GEMM on the reordered weights beat MKL's large-M sgemm the
 target's 587-token prefill took 227-232 ms against 250 ms). The packed layers become `PackedLinear`,
 an `nn.Linear` that reads the routing of the calling thread (its modeling code and parameters are
 unchanged), and no other call pays for the routing (a torch function mode, which sees every op of a
-forward, cost 0.7-0.9 ms of the narration target's 11 ms step). One-token steps stay on MKL so that
-they compute exactly what `generate`'s decoding computes (a target-alone fallback emits generate's
-own float32 tokens), although oneDNN is faster there on this AMD EPYC: MKL's one-row sgemv runs on
-one thread (the target's 126 MB of matrices in 7.8 ms, 16 GB/s, on 1 or 2 threads; oneDNN 5.7-6.2 ms). Anything else (another
-device or dtype, autograd, a weight changed in place since it was packed) takes the ordinary `F.linear`.
+forward, cost 0.7-0.9 ms of the narration target's 11 ms step).
+
+One-token steps stay on MKL so that they compute exactly what `generate`'s decoding computes (a
+target-alone fallback emits generate's own float32 tokens), although oneDNN is faster there on this
+AMD EPYC: MKL's one-row sgemv runs on one thread (the target's 126 MB of matrices in 7.8 ms, 16 GB/s,
+on 1 or 2 threads; oneDNN 5.7-6.2 ms). Anything else (another device or dtype, autograd, a weight
+changed in place since it was packed) takes the ordinary `F.linear`.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-#: row counts (tokens of one forward) routed to the packed weights by default: a verification's
-#: γ+1 and a draft's catch-up, never a prompt's prefill
+#: the most rows (tokens of one forward) `rows` routes to the packed weights by default: a
+#: verification's γ+1 and a draft's catch-up (a prompt's prefill is routed by `prefill`)
 MAX_ROWS = 64
 
 
