@@ -41,7 +41,7 @@ from hippo.media.inputs import (
     tokenize,
 )
 from hippo.session import KVSession
-from hippo.types import VideoClip, VisualTokens
+from hippo.types import Items, VideoClip, VisualTokens
 
 POSITIONS = ("original", "compact")
 
@@ -116,6 +116,22 @@ class LlavaOnevisionAdapter(AttentionReadout, Adapter):
     def frame_grid(self) -> tuple[int, int]:
         side = self.model.config.vision_config.image_size // self.model.config.vision_config.patch_size
         return math.ceil(side / 2), math.ceil(side / 2)
+
+    def batch_items(self, inputs: dict[str, Any]) -> list[Items]:
+        """Videos: each fills T·h·w + 1 placeholders (its frames' pooled grids and a newline) and takes
+        one entry of pixel_values_videos [videos, T, 3, H, W]."""
+        pv = inputs.get("pixel_values_videos")
+        if pv is None:
+            return []
+        h, w = self.frame_grid()
+        n = int(pv.shape[0])
+        return [
+            Items(
+                self.model.config.video_token_id,
+                [pv.shape[1] * h * w + 1] * n,
+                {"pixel_values_videos": [1] * n},
+            )
+        ]
 
     @torch.inference_mode()
     def encode(self, inputs: dict[str, Any]) -> Encoded:

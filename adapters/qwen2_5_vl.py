@@ -33,7 +33,7 @@ from hippo.media.inputs import (
     tokenize,
 )
 from hippo.session import KVSession
-from hippo.types import VideoClip, VisualTokens
+from hippo.types import Items, VideoClip, VisualTokens
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
@@ -181,6 +181,24 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
     @property
     def spatial_merge(self) -> int:
         return int(self.model.config.vision_config.spatial_merge_size)
+
+    def batch_items(self, inputs: dict[str, Any]) -> list[Items]:
+        """Videos and images: item i fills t·h·w / merge² placeholders and takes t·h·w pixel rows and
+        one row of its grid (and of `second_per_grid_ts`)."""
+        cfg, media = self.model.config, []
+        for token, pixels, grid, extra in (
+            (cfg.video_token_id, "pixel_values_videos", "video_grid_thw", ("second_per_grid_ts",)),
+            (cfg.image_token_id, "pixel_values", "image_grid_thw", ()),
+        ):
+            if inputs.get(pixels) is None:
+                continue
+            if inputs.get(grid) is None:
+                raise InputError(f"inputs have {pixels} but no {grid}; pass the processor's output")
+            patches = [int(t * h * w) for t, h, w in inputs[grid].tolist()]
+            ones = [1] * len(patches)
+            extent = {pixels: patches, grid: ones, **{k: ones for k in extra}}
+            media.append(Items(token, [n // self.spatial_merge**2 for n in patches], extent))
+        return media
 
     def _check_inputs(self, inputs: dict[str, Any]) -> None:
         if "input_ids" not in inputs:

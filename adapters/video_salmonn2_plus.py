@@ -30,11 +30,12 @@ from hippo.adapters.video_salmonn2_plus_model import (
     VideoSalmonn2PlusConfig,
     VideoSalmonn2PlusForConditionalGeneration,
     audio_inputs,
+    tokens_per_chunk,
 )
 from hippo.adapters.video_salmonn2_plus_positions import POSITION_MODES, mrope_positions
 from hippo.errors import ConfigError, InputError, ModelError
 from hippo.media.inputs import chat_text, expand_placeholder, sampled_fps, token_string, tokenize
-from hippo.types import VideoClip
+from hippo.types import Items, VideoClip
 
 ARCHITECTURES = ("video_SALMONN2_plus", VideoSalmonn2PlusForConditionalGeneration.__name__)
 
@@ -134,6 +135,18 @@ class VideoSalmonn2PlusAdapter(Qwen25VLAdapter):
             "mm_token_type_ids": token_types(ids, cfg),
             **tensors,
         }
+
+    def batch_items(self, inputs: dict[str, Any]) -> list[Items]:
+        """Qwen2.5-VL's videos, and the audio: clip i fills audio_lengths[i] placeholders and takes
+        audio_lengths[i] / tokens-per-chunk chunks of `audio_feature`."""
+        media = super().batch_items(inputs)
+        lengths = inputs.get("audio_lengths")
+        if lengths is not None:
+            per_chunk = tokens_per_chunk(self.model.config.audio_config)
+            n = [int(x) for x in lengths.reshape(-1).tolist()]
+            extent = {"audio_feature": [x // per_chunk for x in n], "audio_lengths": [1] * len(n)}
+            media.append(Items(self.model.config.audio_token_id, n, extent))
+        return media
 
     def _check_inputs(self, inputs: dict[str, Any]) -> None:
         if "input_ids" not in inputs:

@@ -20,7 +20,7 @@ from hippo.errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:
     from hippo.proposal import DraftProposal, TokenPolicy, Verdict
-    from hippo.types import Stats, VideoClip, VisualTokens
+    from hippo.types import Items, Stats, VideoClip, VisualTokens
 
 
 @attrs.frozen
@@ -425,6 +425,13 @@ class Adapter(ABC):
             f"adapter {self.name!r} cannot build its inputs from a video file; run the model's own "
             "processor and call Pipeline.generate(inputs) instead"
         )
+
+    # ---- optional: several prompts in one padded processor output (Pipeline.generate_batch) ----------
+    def batch_items(self, inputs: dict[str, Any]) -> list[Items]:
+        """The media of a padded batch (`inputs`: one processor call on several prompts) as runs of
+        items (`hippo.rows.Items`), so that `hippo.rows.split_rows` can give each row its own. This
+        default knows no media: a batch with any is refused by key name; adapters override it."""
+        return []
 
     # ---- video contexts (Pipeline.prepare / ask): a cached prefix extended by a question ----------
     def prompt_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, int]:

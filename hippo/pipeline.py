@@ -20,6 +20,7 @@ from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, SessionKind, Verifier
 from hippo.job import DecodeJob, Parts
 from hippo.registry import lookup, plugin_manager
+from hippo.rows import split_rows
 from hippo.sampling import TokenPolicy, make_generator, resolve_generation_config
 from hippo.types import GenerateOutput
 
@@ -68,7 +69,7 @@ class Pipeline:
 
     def generate(
         self,
-        inputs: dict[str, Any],
+        inputs: dict[str, Any] | Sequence[dict[str, Any]],
         generation_config: GenerationConfig | None = None,
         *,
         seed: int | None = None,
@@ -77,14 +78,34 @@ class Pipeline:
         progress: Callable[[str, str], None] | None = None,
         timeline: bool = False,
         **generation_kwargs: Any,
-    ) -> GenerateOutput:
+    ) -> GenerateOutput | list[GenerateOutput]:
         """Decode one prompt. `inputs` is the processor's output (input_ids, pixel_values_videos, ...).
 
         `streamer` gets `put(prompt ids)`, `put(new ids)` as tokens are accepted, then `end()`, as in
         transformers. `progress(stage, "start" | "end")` is told when the long steps ("vision encoding",
         "target prefill", "draft prefill") start and end. `timeline=True` books every piece of
         work of both models on `stats.events` (`hippo.events`; drawn by `hippo.cli.timeline`).
+
+        Several prompts, as a list of processor outputs or as one padded batch (input_ids [B, L] with
+        its attention_mask), give a list with each row's own output: `generate_batch`'s where the
+        schedule decodes rows together, else the rows' one after another. The keywords above are for
+        one prompt; `generate_batch` takes one seed per row.
         """
+        rows, several = self._rows(inputs)
+        if several:
+            given = dict(
+                seed=seed, generator=generator, streamer=streamer, progress=progress, timeline=timeline
+            )
+            refused = [k for k, v in given.items() if v is not None and v is not False]
+            if refused:
+                raise InputError(
+                    f"{', '.join(refused)} apply to one prompt but {len(rows)} were given; call generate "
+                    "per row, or generate_batch(inputs, seeds=[...]) for one seed per row"
+                )
+            if self.can_batch():
+                return self.generate_batch(rows, generation_config, **generation_kwargs)
+            return [self.generate(x, generation_config, **generation_kwargs) for x in rows]
+        inputs = rows[0]
         self._check_inputs(inputs)
         options = dict(
             seed=seed, generator=generator, streamer=streamer, progress=progress, timeline=timeline
@@ -93,7 +114,7 @@ class Pipeline:
 
     def generate_batch(
         self,
-        inputs: Sequence[dict[str, Any]],
+        inputs: Sequence[dict[str, Any]] | dict[str, Any],
         generation_config: GenerationConfig | None = None,
         *,
         seeds: Sequence[int | None] | None = None,
@@ -102,10 +123,12 @@ class Pipeline:
     ) -> list[GenerateOutput]:
         """Decode many prompts together (`hippo.batched`): one output per row, each with its own stats,
         each what `generate` returns for that row alone. `inputs`: one processor output per row (each
-        of batch size 1); `seeds`: one per row; `per_row`: one dict of generation settings per row,
-        over `generation_kwargs`. Runs the `auto` (default), `serial` (γ fixed or "auto") or
-        `autoregressive` schedule; others raise UnsupportedError (decode those rows one by one with
-        `generate`)."""
+        of batch size 1), or one padded batch that the target's adapter cuts into rows
+        (`Adapter.batch_items`); `seeds`: one per row; `per_row`: one dict of generation settings per
+        row, over `generation_kwargs`. Runs the `auto` (default), `serial` (γ fixed or "auto") or
+        `autoregressive` schedule; others raise UnsupportedError (`generate` decodes their rows one
+        after another)."""
+        inputs = self._rows(inputs)[0]
         for x in inputs:
             self._check_inputs(x)
         gamma = batch_gamma(self)
@@ -133,6 +156,22 @@ class Pipeline:
         """Whether `generate_batch` can decode rows together with this pipeline's schedule."""
         return batch_gamma(self) is not None
 
+    def _rows(self, inputs: Any) -> tuple[list[dict[str, Any]], bool]:
+        """(the prompts' rows, whether several were given: a list, or a padded batch of B > 1). A
+        padded batch is cut by the target's adapter; one unpadded prompt passes through as it is."""
+        if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)):
+            if not inputs:
+                raise InputError("no inputs: give one processor output, or a non-empty list of them")
+            return [row for x in inputs for row in self._rows(x)[0]], True
+        ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
+        mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] == 0:
+            return [inputs], False  # _check_inputs names what is wrong
+        if ids.shape[0] == 1 and (mask is None or bool(mask.all())):
+            return [inputs], False
+        rows = split_rows(inputs, self.target_adapter.batch_items(inputs))
+        return rows, len(rows) > 1
+
     def _check_inputs(self, inputs: dict[str, Any]) -> None:
         if self._closed:
             raise InputError("this pipeline is closed; build a new one")
@@ -141,12 +180,14 @@ class Pipeline:
         ids = inputs["input_ids"]
         if ids.dim() != 2 or ids.shape[0] != 1:
             raise InputError(
-                f"hippo decodes one prompt at a time: input_ids must be [1, L], got {tuple(ids.shape)}"
+                f"input_ids must be [1, L] (one prompt), got {tuple(ids.shape)}; generate and "
+                "generate_batch take several prompts (a list, or a padded batch)"
             )
         mask = inputs.get("attention_mask")
         if mask is not None and not bool(mask.all()):
             raise InputError(
-                "attention_mask has padding; hippo decodes a single unpadded prompt (batch size 1)"
+                "attention_mask has padding; pass the prompt's own tokens (generate cuts a padded "
+                "batch into its rows)"
             )
 
     def _decode(

@@ -6,6 +6,7 @@ Notation (as in the paper): p = target, q = draft, γ = draft length, N = visual
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -13,6 +14,16 @@ import torch
 
 if TYPE_CHECKING:
     pass
+
+
+@attrs.frozen
+class Items:
+    """One medium of a padded processor batch (`hippo.rows`): its placeholder token, how many of them
+    each item fills, and how many entries of each of its tensors each item takes."""
+
+    token: int  # the placeholder token id the items fill
+    tokens: Sequence[int]  # placeholders per item, in batch order
+    extent: Mapping[str, Sequence[int]]  # key -> entries along dim 0 per item (a tensor or a list)
 
 
 @attrs.frozen

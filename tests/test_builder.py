@@ -17,6 +17,7 @@ from hippo import PartSpec, PipelineBuilder, PipelineConfig
 from hippo.errors import ConfigError, InputError, ModelError, PluginError
 from hippo.interfaces import Selector
 from hippo.registry import build_plugin_manager, lookup
+from hippo.testing import models as hm
 
 ADAPTER = lookup("adapters", "qwen2_5_vl")
 NEW = 12
@@ -172,21 +173,43 @@ def test_prompt_longer_than_the_context(inputs) -> None:
         pipe.generate(inputs, max_new_tokens=4, do_sample=False)
 
 
-def test_batch_of_two_is_refused(pair, inputs) -> None:
-    two = dict(inputs)
-    two["input_ids"] = inputs["input_ids"].repeat(2, 1)
-    two["attention_mask"] = inputs["attention_mask"].repeat(2, 1)
-    with pytest.raises(InputError, match=r"one prompt at a time: input_ids must be \[1, L\], got \(2, "):
-        builder(pair).build().generate(two, max_new_tokens=4, do_sample=False)
+def test_several_prompts_give_each_row_its_own_generate(pair, inputs) -> None:
+    """A list, or one padded batch (left or right), gives one output per row: `generate`'s for that row
+    alone; one prompt that arrives padded is cut to its tokens."""
+    g = torch.Generator().manual_seed(1)
+    other = ADAPTER.synthetic_inputs(pair[0], torch.rand(2, 56, 28, 3, generator=g), [5], [61, 19, 23, 7])
+    pipe = builder(pair).build()
+    gen = {"max_new_tokens": 6, "do_sample": False}
+    alone = [pipe.generate(x, **gen).sequences for x in (inputs, other)]
+    for batch in (
+        [inputs, other],
+        hm.pad_batch([inputs, other], "left"),
+        hm.pad_batch([inputs, other], "right"),
+    ):
+        outs = pipe.generate(batch, **gen)
+        assert [o.sequences.tolist() for o in outs] == [a.tolist() for a in alone]
+    padded = hm.pad_batch([inputs, other], "left")  # `other` is the shorter: its row starts with padding
+    one = {**other, **{k: padded[k][1:] for k in ("input_ids", "attention_mask", "mm_token_type_ids")}}
+    assert pipe.generate(one, **gen).sequences.tolist() == alone[1].tolist()
+    with pytest.raises(InputError, match="seed apply to one prompt but 2 were given"):
+        pipe.generate([inputs, other], seed=0, **gen)
 
 
-def test_padded_attention_mask_is_refused(pair, inputs) -> None:
-    padded = dict(inputs)
+def test_a_batch_that_cannot_be_cut_is_refused(pair, inputs) -> None:
+    holed = dict(inputs)
     mask = inputs["attention_mask"].clone()
-    mask[0, 0] = 0
-    padded["attention_mask"] = mask
-    with pytest.raises(InputError, match="attention_mask has padding"):
-        builder(pair).build().generate(padded, max_new_tokens=4, do_sample=False)
+    mask[0, 2] = 0
+    holed["attention_mask"] = mask
+    with pytest.raises(InputError, match="row 0's attention_mask has holes; only left or right padding"):
+        builder(pair).build().generate(holed, max_new_tokens=4, do_sample=False)
+    two = {k: torch.cat([v, v]) for k, v in inputs.items()}
+    two["pixel_values_videos"] = inputs["pixel_values_videos"]  # one video for two rows that show one each
+    two["video_grid_thw"] = inputs["video_grid_thw"]
+    two["second_per_grid_ts"] = inputs["second_per_grid_ts"]
+    with pytest.raises(InputError, match="row 1 holds .* placeholders of token .* but its items fill 0"):
+        builder(pair).build().generate(two, max_new_tokens=4, do_sample=False)
+    with pytest.raises(InputError, match="cannot split the padded batch's extra_key by row"):
+        builder(pair).build().generate({**two, "extra_key": torch.zeros(2)}, max_new_tokens=4)
 
 
 def test_missing_mm_token_type_ids_is_refused(pair, inputs) -> None:

@@ -71,14 +71,17 @@ def draw_rows(data, adapter: str, target, least: int) -> tuple[list[hm.Prompt], 
     return prompts, gens
 
 
-def check_batch(pipe, prompts, gens, eager: bool = False):
-    """Decode `prompts` as one batch; every row must be its own `target.generate`."""
+def check_batch(pipe, prompts, gens, eager: bool = False, padding: str | None = None):
+    """Decode `prompts` as one batch (a list, or with `padding` "left"/"right" one padded processor batch
+    where the rows' media can be concatenated); every row must be its own `target.generate`."""
     refs = [hr.reference(pipe.target, p.inputs, **g) for p, g in zip(prompts, gens)]
     saved = hb.COMPACT_MIN, hb.COMPACT_SHARE
     if eager:  # compact at every hole
         hb.COMPACT_MIN, hb.COMPACT_SHARE = 1, 0.0
     try:
-        outs = pipe.generate_batch([p.inputs for p in prompts], per_row=gens)
+        rows = [p.inputs for p in prompts]
+        batch = None if padding is None else hm.pad_batch(rows, padding)
+        outs = pipe.generate_batch(rows if batch is None else batch, per_row=gens)
     finally:
         hb.COMPACT_MIN, hb.COMPACT_SHARE = saved
     assert len(outs) == len(prompts)
@@ -131,7 +134,9 @@ def test_batch_rows_equal_their_own_generate(adapter, corrupting_drafter):
             drafter="chain" if wrong is None else corrupting_drafter,
             drafter_options=None if wrong is None else {"wrong": wrong},
         )
-        seen.add(check_batch(pipe, prompts, gens, eager=data.draw(st.booleans(), label="compact eagerly")))
+        eager = data.draw(st.booleans(), label="compact eagerly")
+        padding = data.draw(st.sampled_from([None, "left", "right"]), label="padded batch")
+        seen.add(check_batch(pipe, prompts, gens, eager=eager, padding=padding))
 
     check()
     seen.check()

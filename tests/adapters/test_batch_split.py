@@ -1,0 +1,54 @@
+"""A padded processor batch is cut into the rows it was made of, media included, for every backbone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hippo.errors import InputError
+from hippo.rows import split_rows
+from hippo.testing import models as hm
+from hippo.testing import params as hp
+
+
+def rows(adapter: str, target, frames: tuple[int, int, int]) -> list[dict]:
+    """Rows of different videos and prompt lengths (LLaVA-OneVision concatenates videos of one frame
+    count only, so `frames` is the same there)."""
+    unit, words = hm.pixel_unit(target), hm.text_ids(target)
+    grids = [(frames[0], 2 * unit, 2 * unit), (frames[1], unit, 2 * unit), (frames[2], 2 * unit, unit)]
+    text = [(words[3:6], words[7:9]), (words[3:4], words[7:12]), ([], words[1:3])]
+    return [hm.Prompt(adapter, target, g, i, *t).inputs for i, (g, t) in enumerate(zip(grids, text))]
+
+
+@pytest.mark.parametrize("adapter", hp.adapter_params())
+def test_split_batch_gives_back_each_row(adapter):
+    target = hm.tiny(adapter, "target")
+    a = hm.part_class("adapters", adapter)(target)
+    frames = (2, 2, 2) if adapter == "llava_onevision" else (2, 1, 3)
+    given = rows(adapter, target, frames)
+    for side in ("left", "right"):
+        for chosen in (given, given[1:], [given[2], given[0]]):
+            batch = hm.pad_batch(chosen, side)
+            got = split_rows(batch, a.batch_items(batch))
+            assert len(got) == len(chosen)
+            for row, want in zip(got, chosen):
+                assert sorted(row) == sorted({"attention_mask": None, **want})
+                for key, value in want.items():
+                    same = (
+                        torch.equal(row[key], value) if isinstance(value, torch.Tensor) else row[key] == value
+                    )
+                    assert same, (side, key)
+
+
+@pytest.mark.parametrize("adapter", hp.adapter_params())
+def test_split_batch_refuses_media_that_do_not_match_the_placeholders(adapter):
+    target = hm.tiny(adapter, "target")
+    a = hm.part_class("adapters", adapter)(target)
+    given = rows(adapter, target, (2, 2, 2))[:2]
+    batch = hm.pad_batch(given, "left")
+    first = {
+        k: v if k in ("input_ids", "attention_mask", "mm_token_type_ids") else given[0][k]
+        for k, v in batch.items()
+    }
+    with pytest.raises(InputError, match="row 1 holds .* placeholders of token .* but its items fill 0"):
+        split_rows(first, a.batch_items(first))  # the second row's media left out
