@@ -15,7 +15,8 @@ measured in a timed call); in brackets the decode phase:
 EOS is suppressed, as serving benchmarks do) unless `--natural`, so every method decodes the same
 number of tokens per row. The prompts are the bench's narration clips (`bench.narrate_workload`),
 batch b taking the first b clips. Each hippo row is checked against the same row decoded alone by
-HF `generate` (float32: a near-tie may flip a token; the count of differing rows is printed).
+HF `generate` (float32: a near-tie may flip a token; the count of differing rows is printed). hippo is
+given the same left-padded batch as HF `generate` and cuts it into rows (`hippo.rows`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 import hippo
+from hippo.rows import pad_rows
 
 from .tables import markdown_table
 
@@ -50,23 +52,6 @@ HIPPO_ROWS: list[tuple[str, str, dict, dict | None]] = [
         {"scorer": "holistic", "selector": "topk", "selector_options": {"keep_ratio": 0.1}},
     ),
 ]
-
-
-def pad_batch(rows: list[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Processor outputs of batch size 1, left-padded into one batch as the processor pads them."""
-    L = max(int(r["input_ids"].shape[1]) for r in rows)
-
-    def left(t: torch.Tensor, value: int) -> torch.Tensor:  # [1, l] -> [1, L]
-        return torch.nn.functional.pad(t, (L - t.shape[1], 0), value=value)
-
-    out = {
-        "input_ids": torch.cat([left(r["input_ids"], pad_id) for r in rows]),
-        "attention_mask": torch.cat([left(r["attention_mask"], 0) for r in rows]),
-        "mm_token_type_ids": torch.cat([left(r["mm_token_type_ids"], 0) for r in rows]),
-    }
-    for key in ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"):
-        out[key] = torch.cat([r[key] for r in rows])
-    return out
 
 
 def timed(call: Callable[[], Any], repeats: int) -> tuple[Any, list[float]]:
@@ -120,7 +105,7 @@ def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, nat
 
     for b in batches:
         xs = w.inputs[:b]
-        padded = pad_batch(xs, pad_id)
+        padded = pad_rows(xs, "left", pad_id)  # as the processor pads them
         L = padded["input_ids"].shape[1]
 
         def hf(g: dict, padded=padded, L=L) -> list[list[int]]:
@@ -141,8 +126,8 @@ def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, nat
 
             last: list = []
 
-            def ours(g: dict, pipe=pipe, xs=xs, last=last) -> list[list[int]]:
-                outs = pipe.generate_batch(xs, **g)
+            def ours(g: dict, pipe=pipe, xs=xs, padded=padded, last=last) -> list[list[int]]:
+                outs = pipe.generate_batch(padded, **g)  # the same padded batch as HF's, cut into rows
                 if g is gen:
                     last[:] = outs
                 return [o.sequences[0, x["input_ids"].shape[1] :].tolist() for o, x in zip(outs, xs)]

@@ -17,7 +17,7 @@ from hippo import PartSpec, PipelineBuilder, PipelineConfig
 from hippo.errors import ConfigError, InputError, ModelError, PluginError
 from hippo.interfaces import Selector
 from hippo.registry import build_plugin_manager, lookup
-from hippo.testing import models as hm
+from hippo.rows import pad_rows
 
 ADAPTER = lookup("adapters", "qwen2_5_vl")
 NEW = 12
@@ -183,12 +183,12 @@ def test_several_prompts_give_each_row_its_own_generate(pair, inputs) -> None:
     alone = [pipe.generate(x, **gen).sequences for x in (inputs, other)]
     for batch in (
         [inputs, other],
-        hm.pad_batch([inputs, other], "left"),
-        hm.pad_batch([inputs, other], "right"),
+        pad_rows([inputs, other], "left"),
+        pad_rows([inputs, other], "right"),
     ):
         outs = pipe.generate(batch, **gen)
         assert [o.sequences.tolist() for o in outs] == [a.tolist() for a in alone]
-    padded = hm.pad_batch([inputs, other], "left")  # `other` is the shorter: its row starts with padding
+    padded = pad_rows([inputs, other], "left")  # `other` is the shorter: its row starts with padding
     one = {**other, **{k: padded[k][1:] for k in ("input_ids", "attention_mask", "mm_token_type_ids")}}
     assert pipe.generate(one, **gen).sequences.tolist() == alone[1].tolist()
     with pytest.raises(InputError, match="seed apply to one prompt but 2 were given"):

@@ -13,7 +13,6 @@ import attrs
 import torch
 
 from hippo.registry import lookup, registry
-from hippo.rows import SEQUENCE_KEYS
 
 DTYPE = torch.float64
 
@@ -191,31 +190,3 @@ class Prompt:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(repr(self))
-
-
-def pad_batch(rows: list[dict[str, Any]], side: str = "left", pad_id: int = 0) -> dict[str, Any] | None:
-    """The batch a processor would return for these batch-1 rows: the prompt's keys padded to the
-    longest on `side` (attention_mask 0 there), every other tensor concatenated along dim 0. None
-    when the rows' media cannot be concatenated (different shapes past dim 0, or different keys)."""
-    rows = [{"attention_mask": torch.ones_like(r["input_ids"]), **r} for r in rows]
-    keys = set(rows[0])
-    if any(set(r) != keys for r in rows):
-        return None
-    L = max(int(r["input_ids"].shape[1]) for r in rows)
-    batch: dict[str, Any] = {}
-    for key in sorted(keys):
-        values = [r[key] for r in rows]
-        if key in SEQUENCE_KEYS:  # padded with the prompt; the rest is concatenated
-            fill = pad_id if key == "input_ids" else 0
-            out = torch.full((len(rows), L), fill, dtype=values[0].dtype)
-            for b, v in enumerate(values):
-                n = v.shape[1]
-                out[b, slice(L - n, L) if side == "left" else slice(0, n)] = v[0]
-            batch[key] = out
-        elif isinstance(values[0], torch.Tensor):
-            if len({tuple(v.shape[1:]) for v in values}) > 1:
-                return None
-            batch[key] = torch.cat(values)
-        else:
-            batch[key] = [x for v in values for x in v]
-    return batch

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hippo.errors import InputError
-from hippo.rows import split_rows
+from hippo.rows import pad_rows, split_rows
 from hippo.testing import models as hm
 from hippo.testing import params as hp
 
@@ -28,7 +28,7 @@ def test_split_batch_gives_back_each_row(adapter):
     given = rows(adapter, target, frames)
     for side in ("left", "right"):
         for chosen in (given, given[1:], [given[2], given[0]]):
-            batch = hm.pad_batch(chosen, side)
+            batch = pad_rows(chosen, side)
             got = split_rows(batch, a.batch_items(batch))
             assert len(got) == len(chosen)
             for row, want in zip(got, chosen):
@@ -45,7 +45,7 @@ def test_split_batch_refuses_media_that_do_not_match_the_placeholders(adapter):
     target = hm.tiny(adapter, "target")
     a = hm.part_class("adapters", adapter)(target)
     given = rows(adapter, target, (2, 2, 2))[:2]
-    batch = hm.pad_batch(given, "left")
+    batch = pad_rows(given, "left")
     first = {
         k: v if k in ("input_ids", "attention_mask", "mm_token_type_ids") else given[0][k]
         for k, v in batch.items()

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import hippo
 import hippo.batched as hb
 from hippo.errors import UnsupportedError
+from hippo.rows import pad_rows
 from hippo.testing import assert_sampling_exact
 from hippo.testing import models as hm
 from hippo.testing import params as hp
@@ -80,7 +81,7 @@ def check_batch(pipe, prompts, gens, eager: bool = False, padding: str | None = 
         hb.COMPACT_MIN, hb.COMPACT_SHARE = 1, 0.0
     try:
         rows = [p.inputs for p in prompts]
-        batch = None if padding is None else hm.pad_batch(rows, padding)
+        batch = None if padding is None else pad_rows(rows, padding)
         outs = pipe.generate_batch(rows if batch is None else batch, per_row=gens)
     finally:
         hb.COMPACT_MIN, hb.COMPACT_SHARE = saved
