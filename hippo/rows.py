@@ -48,7 +48,7 @@ def split_rows(inputs: Mapping[str, Any], media: Sequence[Items]) -> list[dict[s
             "per row (a list) instead"
         )
     rows = [
-        {key: _cut(inputs[key], mask[b], b, key) for key in SEQUENCE_KEYS if inputs.get(key) is not None}
+        {key: _cut(inputs[key], mask[b], b) for key in SEQUENCE_KEYS if inputs.get(key) is not None}
         for b in range(B)
     ]
     for m in media:
@@ -66,12 +66,14 @@ def split_rows(inputs: Mapping[str, Any], media: Sequence[Items]) -> list[dict[s
             if len(value) != starts[-1]:
                 raise InputError(f"{key} has {len(value)} entries but its items take {starts[-1]}")
             for row, (first, last) in zip(rows, spans):
+                if first == last:  # none of this medium in the row: its batch-1 output has no such key
+                    continue
                 part = value[starts[first] : starts[last]]
                 row[key] = part if isinstance(value, torch.Tensor) else list(part)
     return rows
 
 
-def _cut(x: torch.Tensor, real: torch.Tensor, b: int, key: str) -> torch.Tensor:  # [B, L] -> [1, L_b]
+def _cut(x: torch.Tensor, real: torch.Tensor, b: int) -> torch.Tensor:  # [B, L] -> [1, L_b]
     where = real.nonzero().flatten()
     if where.numel() == 0:
         raise InputError(f"row {b} of the batch has no tokens (its attention_mask is all zeros)")

@@ -52,3 +52,22 @@ def test_split_batch_refuses_media_that_do_not_match_the_placeholders(adapter):
     }
     with pytest.raises(InputError, match="row 1 holds .* placeholders of token .* but its items fill 0"):
         split_rows(first, a.batch_items(first))  # the second row's media left out
+
+
+@pytest.mark.parametrize("adapter", hp.adapter_params())
+def test_a_text_only_row_gets_no_media(adapter):
+    """A row without a video in a batch with one (a processor call on two prompts and one video) gets
+    no media keys: its batch-1 output has none."""
+    target = hm.tiny(adapter, "target")
+    a = hm.part_class("adapters", adapter)(target)
+    video = rows(adapter, target, (2, 2, 2))[0]
+    seq = ("input_ids", "attention_mask", "mm_token_type_ids")
+    words = torch.tensor([hm.text_ids(target)[3:7]])
+    text = {k: words if k == "input_ids" else torch.zeros_like(words) for k in video if k in seq}
+    text["attention_mask"] = torch.ones_like(words)
+    empty = {k: v[:0] for k, v in video.items() if k not in seq}  # concatenates to the video's alone
+    batch = pad_rows([video, {**text, **empty}], "left")
+    got = split_rows(batch, a.batch_items(batch))
+    assert sorted(got[1]) == sorted(text)
+    assert all(torch.equal(got[1][k], text[k]) for k in text)
+    assert all(torch.equal(got[0][k], v) for k, v in video.items())
