@@ -284,8 +284,8 @@ class PipelineBuilder:
         return self
 
     def pack(self, *roles: str, max_rows: int = MAX_ROWS) -> PipelineBuilder:
-        """Run exactly these roles' forwards of 2..`max_rows` tokens (verifications, catch-ups) on
-        oneDNN-packed linear weights (`hippo.packed`; CPU fp32, inert elsewhere). The target is
+        """Run exactly these roles' forwards of up to `max_rows` tokens (steps, verifications,
+        catch-ups) and their prefills on oneDNN-packed linear weights (`hippo.packed`; CPU fp32, inert elsewhere). The target is
         packed by default; `.pack()` with no role turns packing off, `.pack("target", "draft")`
         packs both."""
         unknown = set(roles) - set(ROLES)

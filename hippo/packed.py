@@ -3,26 +3,28 @@
 A verification feeds γ+1 tokens, so every linear layer multiplies a [γ+1, D] activation by its
 weight. Both that and a one-token step read each weight once, but on CPUs where MKL takes its
 generic path (the AMD EPYC CPUs this was measured on) MKL's small-M sgemm makes a 6-token forward
-cost 2-2.7 one-token steps. oneDNN's linear on a weight reordered for it once
-(`mkldnn._reorder_linear_weight`, what inductor's `freezing` does) runs those widths near the
+cost 2-2.7 one-token steps, and its one-row sgemv runs on one thread (the narration target's 126 MB
+of matrices in 7.8 ms, 16 GB/s, on 1 or 2 threads). oneDNN's linear on a weight reordered for it
+once (`mkldnn._reorder_linear_weight`, what inductor's `freezing` does) runs those widths near the
 bandwidth floor, without compiling anything. Measured on the narration target (2-core AMD EPYC,
 2 threads, a 576-token video prompt), a k-token forward in ms, MKL against packed: k = 1 15.6 /
 13.7, k = 6 31.5 / 13.0, k = 12 34.6 / 13.7, k = 24 37.3 / 24.0.
 
 `PackedLinears.of(model)` packs the linear layers of the model's decoder and output head once (a
 second copy of those weights in memory), and `with packed.rows(k):` routes the linear layers of a
-forward of k rows through them when `2 <= k <= max_rows`; `with packed.prefill():` routes a prompt's
-prefill too (oneDNN's GEMM on the reordered weights beat MKL's large-M sgemm there: the narration
-target's 587-token prefill took 227-232 ms against 250 ms). The packed layers become `PackedLinear`,
-an `nn.Linear` that reads the routing of the calling thread (its modeling code and parameters are
-unchanged), and no other call pays for the routing (a torch function mode, which sees every op of a
-forward, cost 0.7-0.9 ms of the narration target's 11 ms step).
+forward of k rows through them when `k <= max_rows` (one-token steps included: hippo's target-alone
+decoding of the two bench clips took 3.00 s against 3.42 s on MKL, the same tokens as `generate`);
+`with packed.prefill():` routes a prompt's prefill too (oneDNN's GEMM on the reordered weights beat
+MKL's large-M sgemm there: the narration target's 587-token prefill took 227-232 ms against 250 ms).
+The packed layers become `PackedLinear`, an `nn.Linear` that reads the routing of the calling thread
+(its modeling code and parameters are unchanged), and no other call pays for the routing (a torch
+function mode, which sees every op of a forward, cost 0.7-0.9 ms of the narration target's 11 ms step).
 
-One-token steps stay on MKL so that they compute exactly what `generate`'s decoding computes (a
-target-alone fallback emits generate's own float32 tokens), although oneDNN is faster there on this
-AMD EPYC: MKL's one-row sgemv runs on one thread (the target's 126 MB of matrices in 7.8 ms, 16 GB/s,
-on 1 or 2 threads; oneDNN 5.7-6.2 ms). Anything else (another device or dtype, autograd, a weight
-changed in place since it was packed) takes the ordinary `F.linear`.
+oneDNN and MKL sum in different orders, so a packed forward's float32 logits differ from
+`generate`'s in the last bits, as a k-token verification's already differ from one-token steps:
+the tokens are the same unless two logits tie within float32 rounding (the float64 harness, where
+nothing is packed, proves the schedules exact). Anything else (another device or dtype, autograd,
+a weight changed in place since it was packed) takes the ordinary `F.linear`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-#: the most rows (tokens of one forward) `rows` routes to the packed weights by default: a
+#: the most rows (tokens of one forward) `rows` routes to the packed weights by default: a step, a
 #: verification's γ+1 and a draft's catch-up (a prompt's prefill is routed by `prefill`)
 MAX_ROWS = 64
 
@@ -124,8 +126,8 @@ class PackedLinears:
             return packed
 
     def rows(self, k: int, max_rows: int = MAX_ROWS) -> Any:
-        """A context in which a forward of k rows uses the packed weights (when 2 <= k <= max_rows)."""
-        if not self.packs or not 2 <= k <= max_rows or torch.is_grad_enabled():
+        """A context in which a forward of k rows uses the packed weights (when 1 <= k <= max_rows)."""
+        if not self.packs or not 1 <= k <= max_rows or torch.is_grad_enabled():
             return nullcontext()
         return _Route(self)
 

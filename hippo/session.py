@@ -83,7 +83,7 @@ class KVSession(ModelSession):
         self.forwards = 0
         self._block: tuple[int, torch.Tensor, torch.Tensor] | None = None  # forward_masked, until keep
         self.packed: PackedLinears | None = None  # packed linear weights (set by PackedSessions) ...
-        self.packed_rows = 0  # ... for forwards of 2..packed_rows tokens
+        self.packed_rows = 0  # ... for forwards of up to packed_rows tokens
         self.embedding_rows = embedding_rows(model)  # ids past them are fed as the last (`embeddable`)
         self.direct = (model.get_decoder(), model.get_output_embeddings()) if direct else None
 

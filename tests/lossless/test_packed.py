@@ -60,17 +60,19 @@ def test_routes_only_few_token_forwards_of_its_own_weights():
     with torch.inference_mode():
         eager = torch.nn.functional.linear(x, head)
         assert packed.routed == 0
-        for rows in (1, 65):  # a decode step and a prefill stay on the ordinary kernel
-            with packed.rows(rows):
-                layer(x)
+        with packed.rows(65):  # a prefill stays on the ordinary kernel (`prefill` routes it)
+            layer(x)
         assert packed.routed == 0
+        with packed.rows(1):  # a one-token step
+            torch.testing.assert_close(layer(x[:, :1]), eager[:, :1], rtol=1e-5, atol=1e-5)
+        assert packed.routed == 1
         with packed.rows(6):
             out = layer(x)  # [1, 6, V]
             other = torch.nn.functional.linear(x, head)  # not through the layer
             t = threading.Thread(target=lambda: layer(x))
             t.start()
             t.join()
-        assert packed.routed == 1  # the routing holds in the calling thread only
+        assert packed.routed == 2  # the routing holds in the calling thread only
         torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(other, eager, rtol=0, atol=0)
         torch.testing.assert_close(layer(x), eager, rtol=0, atol=0)  # outside the context: nn.Linear
@@ -78,12 +80,12 @@ def test_routes_only_few_token_forwards_of_its_own_weights():
         layer(x)
         with torch.inference_mode():
             layer(torch.randn(1, 300, head.shape[1]))
-    assert packed.routed == 2
+    assert packed.routed == 3
     with torch.no_grad():
         head.add_(0.0)  # changed in place since packing: the stale packing is not used
     with torch.inference_mode(), packed.rows(6):
         layer(x)
-    assert packed.routed == 2
+    assert packed.routed == 3
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
