@@ -11,15 +11,25 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+)
 
 from hippo.accept import accept_greedy, accept_sampled, residual, verify_round
 from hippo.errors import UnsupportedError
 from hippo.interfaces import Verifier
 from hippo.proposal import DraftProposal
+from hippo.sampling import TokenPolicy
 from hippo.testing.strategies import examples
 
 vocab = st.integers(2, 12)
@@ -282,3 +292,30 @@ def test_a_chains_only_verifier_refuses_a_token_tree_before_scoring():
     tree = DraftProposal(tokens=torch.tensor([4, 5]), parents=torch.tensor([-1, -1]))
     with pytest.raises(UnsupportedError, match="ChainsOnly verifies chains only"):
         verify_round(Job(), None, tree)
+
+
+def test_a_policy_applies_its_processors_as_their_list_does():
+    """`TokenPolicy.process` runs the processors itself (the list inspects each one's signature per
+    call): the same scores row by row, and the list's own call where a processor wants more."""
+
+    class WantsMore(LogitsProcessor):
+        def __call__(self, input_ids, scores, extra):
+            return scores
+
+    plain = LogitsProcessorList(
+        [
+            MinNewTokensLengthLogitsProcessor(4, 6, 2),
+            RepetitionPenaltyLogitsProcessor(1.3),
+            TemperatureLogitsWarper(0.7),
+        ]
+    )
+    seq, logits = (
+        torch.tensor([5, 1, 7, 7, 3, 9]),
+        torch.randn(3, 12, generator=torch.Generator().manual_seed(0)),
+    )
+    expected = torch.cat([plain(seq[None, : 4 + i], logits[i : i + 1].clone()) for i in range(3)])
+    policy = TokenPolicy(plain, True, torch.Generator())
+    assert torch.equal(policy.process(seq, logits), expected)
+    assert torch.equal(pickle.loads(pickle.dumps(policy.fork())).process(seq, logits), expected)
+    with pytest.raises(ValueError, match="extra"):
+        TokenPolicy(LogitsProcessorList([WantsMore()]), False, torch.Generator()).process(seq, logits)
