@@ -163,10 +163,11 @@ class Pipeline:
             if not inputs:
                 raise InputError("no inputs: give one processor output, or a non-empty list of them")
             return [row for x in inputs for row in self._rows(x)[0]], True
-        ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
-        mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] == 0:
+        if not isinstance(inputs, Mapping):
             return [inputs], False  # _check_inputs names what is wrong
+        ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] == 0:
+            return [inputs], False
         if ids.shape[0] == 1 and (mask is None or bool(mask.all())):
             return [inputs], False
         rows = split_rows(inputs, self.target_adapter.batch_items(inputs))

@@ -11,6 +11,7 @@ layout names the items (`Adapter.batch_items`); this module does the cutting.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -22,19 +23,13 @@ from hippo.types import Items
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
 
 
-def batch_size(inputs: Mapping[str, Any]) -> int:
-    ids = inputs.get("input_ids")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise InputError(f"input_ids must be a [B, L] tensor, got {shape}")
-    return int(ids.shape[0])
-
-
 def split_rows(inputs: Mapping[str, Any], media: Sequence[Items]) -> list[dict[str, Any]]:
     """Cut a padded batch into its rows: each row's real tokens (the attention mask's ones, which must
     be one run) and its own items of every medium. Any other key is refused rather than guessed at."""
-    B = batch_size(inputs)
-    ids = inputs["input_ids"]  # [B, L]
+    ids = inputs.get("input_ids")  # [B, L]
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise InputError(f"input_ids must be a [B, L] tensor, got {shape}")
     mask = inputs.get("attention_mask")  # [B, L] or None
     if mask is None:
         mask = torch.ones_like(ids)
@@ -47,10 +42,11 @@ def split_rows(inputs: Mapping[str, Any], media: Sequence[Items]) -> list[dict[s
             f"cannot split the padded batch's {', '.join(unknown)} by row; pass one processor output "
             "per row (a list) instead"
         )
-    rows = [
-        {key: _cut(inputs[key], mask[b], b) for key in SEQUENCE_KEYS if inputs.get(key) is not None}
-        for b in range(B)
-    ]
+    keys = [key for key in SEQUENCE_KEYS if inputs.get(key) is not None]
+    rows = []
+    for b in range(ids.shape[0]):
+        first, last = _tokens(mask[b], b)
+        rows.append({key: inputs[key][b : b + 1, first:last] for key in keys})
     for m in media:
         counts = [int((row["input_ids"] == m.token).sum()) for row in rows]
         spans = _assign(list(m.tokens), counts, m.token)
@@ -60,9 +56,7 @@ def split_rows(inputs: Mapping[str, Any], media: Sequence[Items]) -> list[dict[s
                 continue
             if len(extent) != len(m.tokens):
                 raise InputError(f"{key} describes {len(extent)} items but there are {len(m.tokens)}")
-            starts = [0]
-            for n in extent:
-                starts.append(starts[-1] + int(n))
+            starts = [0, *accumulate(int(n) for n in extent)]
             if len(value) != starts[-1]:
                 raise InputError(f"{key} has {len(value)} entries but its items take {starts[-1]}")
             for row, (first, last) in zip(rows, spans):
@@ -73,14 +67,14 @@ def split_rows(inputs: Mapping[str, Any], media: Sequence[Items]) -> list[dict[s
     return rows
 
 
-def _cut(x: torch.Tensor, real: torch.Tensor, b: int) -> torch.Tensor:  # [B, L] -> [1, L_b]
+def _tokens(real: torch.Tensor, b: int) -> tuple[int, int]:  # real [L] -> [first, last) of row b's tokens
     where = real.nonzero().flatten()
     if where.numel() == 0:
         raise InputError(f"row {b} of the batch has no tokens (its attention_mask is all zeros)")
     first, last = int(where[0]), int(where[-1]) + 1
     if where.numel() != last - first:
         raise InputError(f"row {b}'s attention_mask has holes; only left or right padding can be cut")
-    return x[b : b + 1, first:last]
+    return first, last
 
 
 def _assign(tokens: list[int], counts: list[int], token: int) -> list[tuple[int, int]]:
