@@ -48,7 +48,7 @@ from hippo.accept import settle
 from hippo.compat import grouped_query_sdpa
 from hippo.cost import AutoGamma, GammaPlan, VerifyCurve, time_widths
 from hippo.errors import UnsupportedError
-from hippo.interfaces import Job
+from hippo.interfaces import Job, prefilling
 from hippo.kvcache import SlabLayer
 from hippo.packed import MAX_ROWS, PackedLinears
 from hippo.proposal import DraftProposal
@@ -231,6 +231,26 @@ class BatchedCache:
             layer.keys, layer.values = layer.keys.gather(2, g), layer.values.gather(2, g)
         self.slots = [rank[b, s].tolist() for b, s in enumerate(self.slots)]
         self.valid = torch.arange(keep)[None] < counts[:, None]  # [B, keep]
+
+
+class _RowPrefill:
+    """A batch row's session kind: its prefill runs as the role's kind runs it (on the packed weights:
+    `PackedSessions.prefilling`), and its prefilled session stays a plain `KVSession`, which the batch
+    stacks into its own cache (`BatchedCache`, packed by `_packing`)."""
+
+    def __init__(self, kind: Any):
+        self.kind = kind
+
+    def prefilling(self, model: torch.nn.Module) -> Any:
+        return prefilling(self.kind, model)
+
+    def open(self, session: Any, new_tokens: int) -> Any:
+        return session
+
+
+def row_sessions(pipe: Any) -> dict[str, Any]:
+    """The session kinds of a batch's rows, per role (`Pipeline.generate_batch`)."""
+    return {role: None if kind is None else _RowPrefill(kind) for role, kind in pipe.sessions.items()}
 
 
 def _packing(pipe: Any, role: str, model: torch.nn.Module) -> tuple[PackedLinears | None, int]:

@@ -13,7 +13,7 @@ import torch
 from transformers import GenerationConfig
 
 from hippo.batch import Record, Result, map_records
-from hippo.batched import batch_gamma, decode_jobs
+from hippo.batched import batch_gamma, decode_jobs, row_sessions
 from hippo.context import Turn, VideoContext, build_context
 from hippo.conversation import Conversation, Question, as_ids, text_question_ids
 from hippo.errors import ConfigError, InputError, UnsupportedError
@@ -142,9 +142,7 @@ class Pipeline:
         seeds = seeds if seeds is not None else [None] * n
         if len(rows) != n or len(seeds) != n:
             raise InputError(f"{n} rows of inputs but {len(rows)} per_row settings and {len(seeds)} seeds")
-        # the rows' prefills keep plain KVSessions: the batch stacks their caches and runs its forwards
-        # on the target's packed weights itself
-        parts = attrs.evolve(self, sessions={"target": None, "draft": None})
+        parts = attrs.evolve(self, sessions=row_sessions(self))  # prefilled as `generate` prefills
         jobs = [
             self._job(x, generation_config, {**generation_kwargs, **r}, parts=parts, seed=seed)
             for x, r, seed in zip(inputs, rows, seeds)

@@ -113,6 +113,21 @@ def test_packed_pipelines_equal_target_generate(adapter):
     assert pipe.sessions["target"] is None
 
 
+def test_a_batch_prefills_its_rows_on_the_packed_weights():
+    """`generate_batch` prefills each row as `generate` does: on the packed weights where the target
+    is packed (one new token: the prefills alone run), on MKL where packing is off."""
+    target, draft = tiny32("qwen2_5_vl"), tiny32("qwen2_5_vl", "draft")
+    inputs = prompt("qwen2_5_vl", target)
+    ref = target.generate(**inputs, max_new_tokens=1, do_sample=False).tolist()
+    packed = PackedLinears.of(target)
+    for roles, routes in ((("target",), True), ((), False)):
+        pipe = hippo.PipelineBuilder().target(target).draft(draft).pack(*roles).build()
+        before = packed.routed
+        outs = pipe.generate_batch([inputs, inputs], max_new_tokens=1, do_sample=False)
+        assert [o.sequences.tolist() for o in outs] == [ref, ref]
+        assert (packed.routed > before) is routes, roles
+
+
 @pytest.mark.parametrize("adapter", ADAPTERS)
 def test_packed_pipelines_in_the_harness(adapter):
     """The hypothesis harness on float32 pairs, where the target's packed weights (the default path)
