@@ -12,8 +12,9 @@ Notation: p = target, q = draft, γ = draft length, α = probability that a draf
 - p's curve is measured once, q's t_draft live: where the load on the machine changes, the two
   drift apart. The target-only steps are timed, and the median of the recent ones over the
   calibrated t_decode rescales p's curve (`GammaPlan.scale`).
-- α: the acceptance seen so far in this call, recent rounds weighing more, and a prior of 1/2 that
-  fades like an old round (`Acceptance`). A round checks its accepted tokens and, if it rejected,
+- α: the acceptance seen so far in this call, recent rounds weighing more, and a prior that fades
+  like an old round (`Acceptance`): 1/2, or the α of the pipeline's earlier jobs where the `auto`
+  scheduler carries it (`AutoGamma.prior`). A round checks its accepted tokens and, if it rejected,
   one more: the tokens after a rejection were never checked, so they are not counted as failures.
 - A round of γ i.i.d.-accepted drafts emits E(γ) = (1 - α^(γ+1)) / (1 - α) tokens (Leviathan et
   al.). It costs γ·t_draft + t_verify(γ+1) when q and p take turns (`serial`, or a parallel schedule
@@ -205,6 +206,11 @@ class Acceptance:
         self.accepted, self.checked = accepted, checked
         self.seen = 0  # rounds of the job's stats already counted
 
+    @classmethod
+    def starting_at(cls, alpha: float) -> Acceptance:
+        """A prior of α = `alpha`, as strong as the default one (2 checked tokens)."""
+        return cls(2.0 * alpha, 2.0)
+
     def update(self, stats: Stats) -> float:
         rounds = zip(stats.accepted_per_round[self.seen :], stats.rejected_per_round[self.seen :])
         for accepted, rejected in rounds:
@@ -228,6 +234,9 @@ class AutoGamma:
         self.curve: VerifyCurve | None = None
         self.t_draft: float | None = None  # fixed seconds per draft token (None: measured per call)
         self.batch_curves: dict[int, VerifyCurve] = {}  # B -> t_verify(B, k), measured on batches
+        #: α a new plan (and each row of a batch's) starts from: the `auto` scheduler sets it to the
+        #: α of its pipeline's earlier jobs, so a draft known to agree drafts long from the first round
+        self.prior = 0.5
         if costs is not None:
             self.curve, self.t_draft = fixed_costs(costs)
 
@@ -275,7 +284,8 @@ class GammaPlan:
 
     def __init__(self, auto: AutoGamma, parallel: bool):
         self.auto, self.parallel = auto, parallel
-        self.acceptance = Acceptance()
+        self.prior = auto.prior
+        self.acceptance = Acceptance.starting_at(self.prior)
         self.row_acceptance: dict[int, Acceptance] = {}  # a batch's rows, by id of their Stats
         self.idle = 0  # target-only steps left before the next probe round
         self.probe_due = False
@@ -336,7 +346,10 @@ class GammaPlan:
     def _alpha(self, stats: Stats | Sequence[Stats]) -> float | list[float]:
         if isinstance(stats, Stats):
             return self.acceptance.update(stats)
-        return [self.row_acceptance.setdefault(id(s), Acceptance()).update(s) for s in stats]
+        for s in stats:
+            if id(s) not in self.row_acceptance:
+                self.row_acceptance[id(s)] = Acceptance.starting_at(self.prior)
+        return [self.row_acceptance[id(s)].update(s) for s in stats]
 
     def _chose(self, gamma: int, target: Any, curve: VerifyCurve | None) -> int:
         self.last["gamma"] = gamma

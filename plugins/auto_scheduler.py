@@ -275,7 +275,9 @@ class AutoScheduler(Scheduler):
     def run(self, job: DecodeJob) -> None:
         name, record = self.choose(job)
         job.stats.plan.update(record)
-        self._scheduler(name).run(job)
+        scheduler = self._scheduler(name)
+        self._start_at(getattr(scheduler, "auto", None))
+        scheduler.run(job)
         self._carry(job)
 
     def run_batch(
@@ -290,7 +292,7 @@ class AutoScheduler(Scheduler):
         for job in jobs:
             job.stats.plan.update(record)
         try:
-            decode(jobs, 0 if name == "autoregressive" else self._batch_gamma())
+            decode(jobs, 0 if name == "autoregressive" else self._start_at(self._batch_gamma()))
         finally:
             for job in jobs:
                 self._carry(job)
@@ -299,6 +301,12 @@ class AutoScheduler(Scheduler):
         """Count the job's rounds in the α the pipeline's next job starts from."""
         self.acceptance.update(job.stats)
         self.acceptance.seen = 0
+
+    def _start_at(self, auto: AutoGamma | None) -> AutoGamma | None:
+        """Let the γ chooser's next plans start from the α of this pipeline's earlier jobs."""
+        if auto is not None:
+            auto.prior = self.acceptance.alpha
+        return auto
 
     def _batch_gamma(self) -> AutoGamma:
         """The batches' γ chooser, kept across batches (its t_verify(B, k) per batch size B): the

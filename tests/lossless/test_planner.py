@@ -417,6 +417,33 @@ def test_auto_runs_the_target_alone_where_no_draft_could_pay(auto_scheduler, tmp
 # ---- hippo generate -v / --json -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kind", ["right", "wrong"])
+def test_auto_starts_a_job_from_the_acceptance_of_the_earlier_ones(auto_scheduler, tmp_path, kind):
+    """The γ planner of `auto`'s schedule starts each job from the α its pipeline's earlier jobs saw,
+    not from 1/2. Its first round drafts `GAMMA_START` either way (q's step is not timed yet); after
+    a draft that was always right, the next job drafts longer from its second round on; after one
+    that was always wrong, it hands over to the target alone after fewer rounds. Both stay exact."""
+    target = hm.tiny(ADAPTER, "target")
+    p = hm.Prompt.default(ADAPTER, target)
+    gen = {"do_sample": False, "max_new_tokens": 24}
+    ref = hr.reference(target, p.inputs, **gen)
+    with drafter(kind) as (name, options):
+        b = hippo.PipelineBuilder().target(target).draft(target).selector("uniform", keep_ratio=1.0)
+        b = b.drafter(name, **options).scheduler("auto", cache_dir=str(tmp_path), costs=COSTS)
+        pipe = b.build()
+        first, second = (pipe.generate(p.inputs, timeline=True, **gen) for _ in range(2))
+    for out in (first, second):
+        hr.assert_same(out, ref, p.length)
+        assert out.stats.plan["schedule"] != "autoregressive"  # γ = 0 is the plan's own choice
+    assert first.stats.drafted_per_round[0] == second.stats.drafted_per_round[0] == GAMMA_START
+    if kind == "right":
+        assert second.stats.plan["alpha"] > 0.9 and not second.stats.target_steps
+        assert second.stats.drafted_per_round[1] > first.stats.drafted_per_round[1]
+    else:
+        assert second.stats.plan["alpha"] < 0.2
+        assert 1 <= _rounds_before_target_alone(second.stats) < _rounds_before_target_alone(first.stats)
+
+
 def test_generate_verbose_and_json_say_what_was_chosen(tmp_path, capsys):
     pytest.importorskip("av")
     from tiny_checkpoint import save_checkpoint, write_video
