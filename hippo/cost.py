@@ -235,7 +235,7 @@ class AutoGamma:
         self.t_draft: float | None = None  # fixed seconds per draft token (None: measured per call)
         self.batch_curves: dict[int, VerifyCurve] = {}  # B -> t_verify(B, k), measured on batches
         #: α a new plan (and each row of a batch's) starts from: the `auto` scheduler sets it to the
-        #: α of its pipeline's earlier jobs, so a draft known to agree drafts long from the first round
+        #: α of its pipeline's earlier jobs, so a draft known to agree drafts long once q is timed
         self.prior = 0.5
         if costs is not None:
             self.curve, self.t_draft = fixed_costs(costs)
@@ -346,10 +346,8 @@ class GammaPlan:
     def _alpha(self, stats: Stats | Sequence[Stats]) -> float | list[float]:
         if isinstance(stats, Stats):
             return self.acceptance.update(stats)
-        for s in stats:
-            if id(s) not in self.row_acceptance:
-                self.row_acceptance[id(s)] = Acceptance.starting_at(self.prior)
-        return [self.row_acceptance[id(s)].update(s) for s in stats]
+        rows = self.row_acceptance
+        return [rows.setdefault(id(s), Acceptance.starting_at(self.prior)).update(s) for s in stats]
 
     def _chose(self, gamma: int, target: Any, curve: VerifyCurve | None) -> int:
         self.last["gamma"] = gamma
