@@ -26,6 +26,11 @@ SELECTORS = [
     ("frame", {}),
     ("fastvid", {"block": 7, "segments": 3}),
     ("dycoke", {}),
+    ("sink_window", {}),
+    ("sink_window", {"sink": 0.0}),
+    ("sink_window", {"sink": 1.0}),
+    ("oracle", {}),
+    ("oracle", {"keep": (0, 3, 5)}),
 ]
 ratios = st.floats(0.001, 1.0)
 
@@ -151,3 +156,21 @@ def test_score_errors():
             cls.from_options(**bad)
     assert TopKSelector.needs_scores and SpecVLMSelector.needs_scores
     assert not (FrameSelector.needs_scores or FastVIDSelector.needs_scores or DyCokeSelector.needs_scores)
+
+
+def test_sink_window_keeps_the_start_and_the_end():
+    visual = VisualTokens(torch.zeros(100, 4), torch.arange(100), ((4, 5, 5),))
+    kept = lookup("selectors", "sink_window").from_options(keep_ratio=0.1, sink=0.3)
+    assert kept.select(visual, None, torch.Generator()).tolist() == [0, 1, 2, 93, 94, 95, 96, 97, 98, 99]
+
+
+def test_oracle_keeps_its_indices_and_fills_the_budget_uniformly():
+    visual = VisualTokens(torch.zeros(100, 4), torch.arange(100), ((4, 5, 5),))
+    oracle = lookup("selectors", "oracle")
+    kept = oracle.from_options(keep=[3, 50, 99, 200], keep_ratio=0.1).select(visual, None, torch.Generator())
+    assert {3, 50, 99} <= set(kept.tolist()) and kept.numel() == 10  # 200 is past the video
+    assert oracle.from_options(keep=torch.tensor([1, 2, 4]), keep_ratio=0.01).select(
+        visual, None, torch.Generator()
+    ).tolist() == [2]  # more needles than the budget: a uniform lattice of them
+    with pytest.raises(ConfigError, match="keep must hold visual-token indices >= 0"):
+        oracle.from_options(keep=[-1])
