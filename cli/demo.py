@@ -153,8 +153,8 @@ def run_demo(
     command = [
         "hippo", "generate", "--target", str(pair_dir / "target"), "--draft", str(pair_dir / "draft"),
         "--video", str(path), "--frames", str(frames), "--prompt", question, "--scheduler", scheduler,
-        "--gamma", str(gamma), "--keep-ratio", str(keep_ratio), "--max-new-tokens", str(max_new_tokens),
-        "--compare-ar",
+        *([] if scheduler == "auto" else ["--gamma", str(gamma)]),  # auto chooses γ itself
+        "--keep-ratio", str(keep_ratio), "--max-new-tokens", str(max_new_tokens), "--compare-ar",
     ]  # fmt: skip
     return {
         "pair": str(pair_dir),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -231,6 +232,12 @@ def test_demo_on_the_trained_pair(tmp_path, capsys: pytest.CaptureFixture[str]) 
     assert result["text"] and result["text"] in " ".join(out.split())  # the answer was streamed as text
     assert "speedup:" in out and "identical output" in out and "hippo generate --target" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the command the demo prints for "the same answer from the command line" runs as printed
+    command = shlex.split(result["command"])
+    assert command[:2] == ["hippo", "generate"]
+    assert main([*command[2:], "--json", str(tmp_path / "g.json")]) == 0
+    again = json.loads((tmp_path / "g.json").read_text())
+    assert again["tokens"][:24] == result["hippo"]["tokens"] and again["compare_ar"]["identical"] is True
 
 
 def test_synthetic_video_shape_and_range() -> None:
