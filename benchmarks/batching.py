@@ -66,7 +66,7 @@ def make_batch(tokenizer, samples: list[Sample]) -> Batch:
     if "step" in names:  # narration: each answer word is one token (the benchmark tokenizer)
         attend = torch.zeros(len(caps), Lc, 3, dtype=torch.long)
         for i, s in enumerate(samples):
-            targets = attention_targets(s)
+            targets = s.attend if getattr(s, "attend", None) is not None else attention_targets(s)
             if targets and len(targets) == len(caps[i]) - 1:  # else the answer is not one token per word
                 attend[i, : len(targets)] = torch.tensor(targets)
     return Batch(torch.cat(pix), grid, prompt, video_rows, captions, labels, token_labels, spg, attend)

@@ -67,14 +67,19 @@ def defaults(out: Path = OUT) -> dict[str, TrainConfig]:
     }
 
 
-def _draft_before_distil(argv: list[str], cache: Path) -> None:
+def _draft_before_distil(argv: list[str], cache: Path, defaults) -> None:
     """The draft's phases that do not need the trained target, into `cache` (a spawned process)."""
     cfg = defaults()["draft"]
     head = {"draft": replace(cfg, phases=[ph for ph in cfg.phases if ph.teacher is None])}
     train.main([*argv, "--role", "draft", "--cache", str(cache), "--out", str(cache / "head")], defaults=head)
 
 
-def main(argv=None) -> None:
+def run_pair(argv, defaults, out: Path, doc: str) -> None:
+    """Train a pair whose draft distils from its target: `defaults(out)` -> {"target", "draft"} configs.
+
+    `--role both` (the default) trains the target and the draft's phases before distillation side
+    by side in two processes, one thread each; the draft then reuses them from the phase cache and
+    distils from the trained target. The same checkpoints as `--serial`."""
     import argparse
     import multiprocessing
     import shutil
@@ -83,7 +88,7 @@ def main(argv=None) -> None:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--out", type=Path, default=out)
     p.add_argument("--role", default="both")
     p.add_argument("--cache", type=Path, default=None)
     p.add_argument("--serial", action="store_true")
@@ -91,26 +96,29 @@ def main(argv=None) -> None:
     configs = defaults(known.out)
     if known.role != "both" or known.serial or "-h" in rest or "--help" in rest:
         rest = [a for a in argv if a != "--serial"]
-        train.main(rest, defaults=configs, out=OUT, doc=__doc__)
+        train.main(rest, defaults=configs, out=out, doc=doc)
         return
-    # --role both: the draft's phases before distillation run in a second process beside the
-    # target's, one thread each (as the committed pair was trained); the draft then reuses them
-    # from the phase cache and distils from the trained target. Same checkpoints as --serial.
-    cache = known.cache or Path(tempfile.mkdtemp(prefix="narrate-phases-"))
+    cache = known.cache or Path(tempfile.mkdtemp(prefix="pair-phases-"))
     one = [*rest, "--out", str(known.out), "--threads", "1"]
-    draft = multiprocessing.get_context("spawn").Process(target=_draft_before_distil, args=(one, cache))
+    draft = multiprocessing.get_context("spawn").Process(
+        target=_draft_before_distil, args=(one, cache, defaults)
+    )
     draft.start()
     try:
-        train.main([*one, "--role", "target", "--cache", str(cache)], defaults=configs, out=OUT, doc=__doc__)
+        train.main([*one, "--role", "target", "--cache", str(cache)], defaults=configs, out=out, doc=doc)
         draft.join()
         if draft.exitcode:
             raise SystemExit(f"training the draft's first phases failed (exit code {draft.exitcode})")
-        train.main([*one, "--role", "draft", "--cache", str(cache)], defaults=configs, out=OUT, doc=__doc__)
+        train.main([*one, "--role", "draft", "--cache", str(cache)], defaults=configs, out=out, doc=doc)
     finally:
         if draft.is_alive():  # the target's training failed or was interrupted
             draft.terminate()
         if known.cache is None:
             shutil.rmtree(cache, ignore_errors=True)
+
+
+def main(argv=None) -> None:
+    run_pair(argv, defaults, OUT, __doc__)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from hippo.cli.pair.checkpoint import (
 from hippo.cli.pair.widen import weights_digest, widen
 
 PAIR_DIR = Path(__file__).parent / "pair"  # the captioning pair
+NIAH_DIR = Path(__file__).parent / "pair_niah"  # the long-video (needle-in-a-haystack) pair
 #: how each committed pair's target is widened (k: residual/attention, m: MLP neurons per unit)
 WIDEN = {PAIR_DIR.name: {"k": 4, "m": 4}, NARRATE_DIR.name: NARRATE_WIDEN}
 

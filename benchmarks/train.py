@@ -51,6 +51,7 @@ from hippo.benchmarks.batching import IGNORE, lm_inputs, make_batch, select_kept
 from hippo.benchmarks.models import n_params, new_model
 from hippo.benchmarks.tokenizer import build_tokenizer
 from hippo.cli.pair.narration import draw_batch_question, narration_config, narration_sample
+from hippo.cli.pair.niah import NiahConfig, niah_sample
 from hippo.cli.pair.task import CLOCK_STEPS, COLOURS, MOTIONS, SHAPES, TaskConfig, sample
 from hippo.cli.pair.tokens import set_generation_defaults
 from hippo.plugins.auto_executor import usable_cores
@@ -77,7 +78,9 @@ class Phase:
     vision_lr_scale: float = 1.0  # the vision encoder (not its merger) learns this much slower
     one_object_frac: float = 0.0  # curriculum: the phase's first steps show one object only
     prune_frac: float = 0.0  # fraction of steps (after the curriculum) with pruned visual inputs
-    task: str = "caption"  # "caption" (hippo.cli.pair.task) or "narrate" (hippo.cli.pair.narration: one question per batch)
+    #: "caption" (hippo.cli.pair.task), "narrate" (hippo.cli.pair.narration: one question per batch) or
+    #: "niah" (hippo.cli.pair.niah: needles in a long haystack)
+    task: str = "caption"
     teacher: str | None = None  # distil: answers are this checkpoint's greedy outputs, not the references
     attend_weight: float = 0.0  # narration: weight of `attention_loss` (0: off)
     cue_design: str = "angle"  # narration: how the clips draw their cues (`task.TaskConfig.cue_design`)
@@ -103,11 +106,18 @@ class TrainConfig:
 class AuxHeads(torch.nn.Module):
     """Training-only linear read-outs of per-visual-token labels at several depths."""
 
-    def __init__(self, dim: int, cues: bool = False):
+    def __init__(self, dim: int, cues: bool = False, global_labels: tuple[str, ...] = ()):
         super().__init__()
         classes = {**AUX_CLASSES, **CUE_CLASSES} if cues else AUX_CLASSES
+        # labels no single frame region shows (a needle's order among the needles) are read from the
+        # language model's states only, not from the vision encoder's local features
         self.heads = torch.nn.ModuleDict(
-            {f"{tap}_{name}": torch.nn.Linear(dim, n) for tap in TAPS for name, n in classes.items()}
+            {
+                f"{tap}_{name}": torch.nn.Linear(dim, n)
+                for tap in TAPS
+                for name, n in classes.items()
+                if not (tap == "vision" and name in global_labels)
+            }
         )
 
     def loss(
@@ -155,6 +165,8 @@ def attention_loss(
     colour, step, cell = batch.attend.unbind(-1)  # [B, Lc] each
     on = (labels["colour"][:, None, :] == colour[..., None]) & (labels["step"][:, None, :] == step[..., None])
     on = on & (colour[..., None] > 0)  # [B, Lc, N']: the object's tokens at the step
+    every = (colour[..., None] == -1) & (labels["colour"][:, None, :] > 0)  # colour -1: every object token
+    on = on | every
     in_cell = on & (labels["cell"][:, None, :] == cell[..., None])
     on = torch.where(in_cell.any(-1, keepdim=True), in_cell, on)  # those in the named cell, if any
     target = torch.zeros_like(scores, dtype=torch.bool)
@@ -240,6 +252,9 @@ def _samples(cfg: TrainConfig, index: int, phase: Phase, step: int) -> list:
     px, frames, batch = phase.sizes[step % len(phase.sizes)]
     one = step < phase.one_object_frac * phase.steps
     base = (cfg.seed * 16 + index) * TRAIN_SEED_STRIDE + step * 16
+    if phase.task == "niah":
+        task = NiahConfig(size=px, frames=frames)
+        return [niah_sample(base + i, task) for i in range(batch)]
     if phase.task == "narrate":
         task = narration_config(px, frames, max_objects=1 if one else 3, cue_design=phase.cue_design)
         ask = draw_batch_question(random.Random(base))
@@ -386,7 +401,9 @@ def train(cfg: TrainConfig, log=print, cache: Path | None = None, workers: int =
         set_generation_defaults(model)
     else:
         model = new_model(cfg.role, seed=cfg.seed, **cfg.overrides).train()
-    aux = AuxHeads(model.config.text_config.hidden_size, cues=any(p.task == "narrate" for p in cfg.phases))
+    niah = any(p.task == "niah" for p in cfg.phases)
+    cues = niah or any(p.task == "narrate" for p in cfg.phases)
+    aux = AuxHeads(model.config.text_config.hidden_size, cues=cues, global_labels=("step",) if niah else ())
     log(f"[{cfg.role}] {n_params(model) / 1e6:.3f}M params; {asdict(cfg)}")
     t0 = time.perf_counter()
     for index, phase in enumerate(cfg.phases):
