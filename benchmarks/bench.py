@@ -761,7 +761,11 @@ def write_results(summary: dict, directory: Path, markdown_file: Path | None = N
     written[0].write_text(report)
     written[1].write_text(json.dumps(summary, indent=2, default=str))
     if markdown_file is not None:
-        markdown_file.write_text(report)
+        from .long import section
+
+        # a report file keeps its long-video section (`hippo bench --long --out FILE.md` writes it)
+        kept = section(markdown_file.read_text()) if markdown_file.is_file() else ""
+        markdown_file.write_text(report + (f"\n{kept}" if kept else ""))
         written.append(markdown_file)
     return written + plots(summary, directory)
 

@@ -27,6 +27,14 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     b.add_argument("--quick", action="store_true", help="the main rows only, small videos (under 5 minutes)")
     b.add_argument(
+        "--long",
+        action="store_true",
+        help="long videos: the long-video pair on needle-in-a-haystack clips of 576 to 16k visual tokens, every "
+        "selector at keep ratios 5/10/25%%, one cold question and four questions on one prepared video, and "
+        "the paper's claims (with --quick: N = 576 and 8k, keep 10%%, under 15 minutes); --out DIR, or FILE.md: "
+        "the report's long-video section goes there (replacing its own) and the rest to results/bench-long",
+    )
+    b.add_argument(
         "--pair",
         choices=("narrate", "caption", "tiny"),
         default="narrate",
@@ -79,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     from hippo.benchmarks.bench import main as bench
     from hippo.checkpoint import check_output
 
+    if args.long:
+        return run_long(args)
+
     check_output(args.timeline, "--timeline")
     if args.out.endswith(".md"):
         check_output(args.out, "--out")
@@ -102,6 +113,34 @@ def run(args: argparse.Namespace) -> int:
         log=lambda line: print(line, file=sys.stderr),
     )
     bad = [r["name"] for r in summary["rows"] if "error" not in r and not r["identical"]]
+    if bad:
+        print(f"hippo: outputs differ from HF generate for: {', '.join(bad)}", file=sys.stderr)
+    return EXIT_MISMATCH if bad else 0
+
+
+def run_long(args: argparse.Namespace) -> int:
+    from hippo.benchmarks.long import main as long_bench
+    from hippo.checkpoint import check_output
+
+    if args.out.endswith(".md"):
+        check_output(args.out, "--out")
+    out = "results/bench-long" if args.out == DEFAULT_OUT else args.out
+    summary = long_bench(
+        quick=args.quick,
+        out=out,
+        gamma=args.gamma,
+        max_new_tokens=args.max_new_tokens or 96,
+        threads=args.threads,
+        seed=args.seed,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    bad = sorted(
+        {
+            f"{r['method']} {r['selector'] or ''} at N={r['visual_tokens']}"
+            for r in summary["rows"]
+            if not r["identical"]
+        }
+    )
     if bad:
         print(f"hippo: outputs differ from HF generate for: {', '.join(bad)}", file=sys.stderr)
     return EXIT_MISMATCH if bad else 0

@@ -1,0 +1,109 @@
+"""Held-out needle accuracy of the long-video pair against N, and how often the draft agrees with it.
+
+    python -m hippo.benchmarks.niah_eval                      # the committed pair, N up to 16k
+    python -m hippo.benchmarks.niah_eval --n 2 --tokens 1152 4096 --write   # and record measured.json
+
+For each N (visual tokens), on held-out clips (`hippo.cli.pair.niah`, 168 px, the pair trained on
+1,152-2,304): the target's and the draft's greedy answers scored clause by clause against the task's
+answer (`niah.needle_scores`: count, colour, shape, cell, direction; chance for a field is 1/4,
+1/3, 1/9, 1/4), and the draft's agreement with the target, teacher-forced on the target's answer (the
+greedy acceptance rate of speculative decoding) with all its visual tokens, a uniform 10% of them
+and the needles' tokens topped up uniformly to 10% (the oracle). Length generalisation is part of
+the result: the pair never saw more than 2,304 visual tokens.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+
+import torch  # noqa: E402
+
+from hippo.benchmarks.batching import make_batch  # noqa: E402
+from hippo.benchmarks.evaluate import HELD_OUT, greedy_ids  # noqa: E402
+from hippo.benchmarks.narrate_eval import agreement  # noqa: E402
+from hippo.cli.pair.niah import config_for, needle_rows, needle_scores, niah_sample  # noqa: E402
+
+TOKENS = (1152, 2048, 4096, 8192, 16384)
+MAX_ANSWER = 96  # tokens: longer than any reference answer (75)
+
+
+def _lattice(k: int, n: int) -> torch.Tensor:
+    return ((torch.arange(k, dtype=torch.float64) + 0.5) * n / k).floor().long().clamp_max(n - 1)
+
+
+def oracle_keep(rows: torch.Tensor, n: int, k: int) -> torch.Tensor:  # -> [k] the needles, then uniform
+    others = torch.ones(n, dtype=torch.bool)
+    others[rows] = False
+    pool = others.nonzero().flatten()
+    fill = pool[_lattice(max(0, k - rows.numel()), pool.numel())]
+    return torch.cat([rows, fill]).sort().values[:k]
+
+
+@torch.inference_mode()
+def evaluate(target, draft, tokenizer, tokens: int, n: int, seed: int = 0) -> dict:
+    fields: dict[str, dict[str, list[int]]] = {"target": {}, "draft": {}}
+    agree = {"full": [0, 0], "uniform 10%": [0, 0], "needles + uniform 10%": [0, 0]}
+    for i in range(n):
+        smp = niah_sample(HELD_OUT + seed + i, config_for(tokens))
+        batch = make_batch(tokenizer, [smp])
+        eos = tokenizer.eos_token_id
+        answers = {}
+        for role, model in (("target", target), ("draft", draft)):
+            ids = greedy_ids(model, batch, max_new_tokens=MAX_ANSWER, eos=eos)[0]
+            answers[role] = [t for t in ids if t != eos]
+            text = tokenizer.decode(answers[role])
+            for f, (right, total) in needle_scores(text, smp.caption).items():
+                acc = fields[role].setdefault(f, [0, 0])
+                acc[0], acc[1] = acc[0] + right, acc[1] + total
+        N = batch.video_rows.numel()
+        k = max(1, round(0.1 * N))
+        keeps = {
+            "full": None,
+            "uniform 10%": _lattice(k, N)[None],
+            "needles + uniform 10%": oracle_keep(needle_rows(smp), N, k)[None],
+        }
+        target_ids = [answers["target"] + [eos]]
+        for name, keep in keeps.items():
+            right, total = agreement(target, draft, batch, target_ids, keep)
+            agree[name][0] += right
+            agree[name][1] += total
+    return {
+        "visual_tokens": tokens,
+        "clips": n,
+        **{f"{role}_{f}": r / t for role, fs in fields.items() for f, (r, t) in fs.items() if t},
+        **{f"draft_agreement_{name}": r / t for name, (r, t) in agree.items() if t},
+    }
+
+
+def main(argv=None) -> None:
+    from hippo.cli.pair.checkpoint import MEASURED, load_pair
+
+    from .pair import NIAH_DIR
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pair", default=str(NIAH_DIR))
+    p.add_argument("--n", type=int, default=4, help="held-out clips per N (default: %(default)s)")
+    p.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--write", action="store_true", help=f"record the figures in the pair's {MEASURED}")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    target, draft, tok = load_pair(wide=False, directory=args.pair)
+    results = []
+    for tokens in args.tokens:
+        r = evaluate(target, draft, tok, tokens, args.n)
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    if args.write:
+        from pathlib import Path
+
+        (Path(args.pair) / MEASURED).write_text(json.dumps({"by_visual_tokens": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
