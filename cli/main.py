@@ -534,7 +534,8 @@ def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
             "video, a prompt longer than the context) gets {id, line, error} with the message `hippo "
             "generate` prints, and the run goes on. Records are read --window ahead, sorted by prompt "
             "length (visual tokens included) and cut into batches of --batch-size similar lengths for a "
-            "batched engine; rows are decoded one after another today."
+            "batched engine: greedy rows are decoded together on the auto, serial or autoregressive schedule "
+            "(stacked caches, per-row rollback), other rows (sampled, or another schedule) one after another."
         ),
         epilog=(
             "Resuming: run the same command again; ids answered in OUT are skipped, so a killed run loses "

@@ -8,7 +8,7 @@ Hypothesis profiles, chosen with the environment variable HYPOTHESIS_PROFILE:
   fixed examples (`hippo.testing.greedy.regression_cases`, and `@example`s on the tests).
 - `repeat`: the `ci` profile derandomized, to re-run exactly the examples of a previous run.
 
-    HYPOTHESIS_PROFILE=ci python -m pytest tests/lossless tests/test_verify_law.py -q
+    HYPOTHESIS_PROFILE=ci python -m pytest tests/lossless tests/test_testing.py -q
 
 pytest-xdist runs the suite on every core (`-n auto --dist loadgroup` in pyproject.toml's addopts;
 `-n 0` for one process); tests that start draft processes or time overlapped work carry

@@ -174,13 +174,17 @@ def test_prompt_longer_than_the_context(inputs) -> None:
 
 
 def test_several_prompts_give_each_row_its_own_generate(pair, inputs) -> None:
-    """A list, or one padded batch (left or right), gives one output per row: `generate`'s for that row
-    alone; one prompt that arrives padded is cut to its tokens."""
+    """A list, or one padded batch (left or right), gives one output per row: the target's own
+    `generate` on that row alone, decoded by the batched engine (each row's notes say so); one prompt
+    that arrives padded is cut to its tokens."""
+    from hippo.testing.reference import reference
+
     g = torch.Generator().manual_seed(1)
     other = ADAPTER.synthetic_inputs(pair[0], torch.rand(2, 56, 28, 3, generator=g), [5], [61, 19, 23, 7])
     pipe = builder(pair).build()
+    assert pipe.can_batch()  # the default schedule has a batched form: the rows go through it
     gen = {"max_new_tokens": 6, "do_sample": False}
-    alone = [pipe.generate(x, **gen).sequences for x in (inputs, other)]
+    alone = [reference(pair[0], x, **gen) for x in (inputs, other)]  # target.generate, row by row
     for batch in (
         [inputs, other],
         pad_rows([inputs, other], "left"),
@@ -188,6 +192,8 @@ def test_several_prompts_give_each_row_its_own_generate(pair, inputs) -> None:
     ):
         outs = pipe.generate(batch, **gen)
         assert [o.sequences.tolist() for o in outs] == [a.tolist() for a in alone]
+        for o in outs:
+            assert any("batch of 2" in n for n in o.stats.notes), o.stats.notes
     padded = pad_rows([inputs, other], "left")  # `other` is the shorter: its row starts with padding
     one = {**other, **{k: padded[k][1:] for k in ("input_ids", "attention_mask", "mm_token_type_ids")}}
     assert pipe.generate(one, **gen).sequences.tolist() == alone[1].tolist()
