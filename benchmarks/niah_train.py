@@ -26,6 +26,9 @@ from hippo.benchmarks.train import Phase, TrainConfig
 
 OUT = NIAH_DIR
 SIZES = [(168, 64, 4), (168, 96, 3), (168, 64, 4), (168, 128, 2)]
+#: the target's second cycle: clips of up to 4,608 visual tokens, with temporal positions stretched
+#: up to 4x (a 128-patch clip then spans the positions of a 16k-token one at the task's frame rate)
+LONGER = [(168, 128, 2), (168, 192, 1), (168, 96, 3), (168, 256, 1)]
 
 
 def _config(role: str, steps: int, prune_frac: float, teacher: Path | None = None) -> TrainConfig:
@@ -44,20 +47,31 @@ def _config(role: str, steps: int, prune_frac: float, teacher: Path | None = Non
     ]
     if teacher is None:  # the target: a second cosine cycle (after one its answers were barely above chance)
         phases.append(
-            Phase("niah2", 240, SIZES, lr=1e-3, vision_lr_scale=0.3, task="niah", attend_weight=0.5)
+            Phase(
+                "niah2",
+                240,
+                LONGER,
+                lr=1e-3,
+                vision_lr_scale=0.3,
+                task="niah",
+                attend_weight=0.5,
+                time_stretch=(1, 2, 4),
+            )
         )
-    else:  # the draft then learns to say what the trained target says: agreement is acceptance
+    else:  # the draft then learns to say what the trained target says (agreement is acceptance), on
+        # the target's second cycle's clips
         phases.append(
             Phase(
                 "distil",
-                120,
-                SIZES,
+                150,
+                LONGER,
                 lr=5e-4,
                 vision_lr_scale=0.3,
                 prune_frac=prune_frac,
                 task="niah",
                 teacher=str(teacher),
                 attend_weight=0.5,
+                time_stretch=(1, 2, 4),
             )
         )
     return TrainConfig(role=role, phases=phases, warmup=20, init=str(PAIR_DIR / role), attend_at=attend)

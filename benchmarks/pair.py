@@ -1,6 +1,6 @@
 """The benchmark's committed pairs: where they are, and writing their checksum files.
 
-benchmarks/pair/ holds the captioning pair; the narration pair ships with `hippo demo` in
+benchmarks/pair/ holds the captioning pair, benchmarks/pair_niah/ the long-video pair; the narration pair ships with `hippo demo` in
 `hippo.cli/pair/narrate/` (`hippo.cli.pair.checkpoint.NARRATE_DIR`). Both load with
 `hippo.cli.pair.checkpoint.load_pair(directory=...)`, which checks them against their checksums.json.
 
@@ -29,7 +29,7 @@ from hippo.cli.pair.widen import weights_digest, widen
 PAIR_DIR = Path(__file__).parent / "pair"  # the captioning pair
 NIAH_DIR = Path(__file__).parent / "pair_niah"  # the long-video (needle-in-a-haystack) pair
 #: how each committed pair's target is widened (k: residual/attention, m: MLP neurons per unit)
-WIDEN = {PAIR_DIR.name: {"k": 4, "m": 4}, NARRATE_DIR.name: NARRATE_WIDEN}
+WIDEN = {PAIR_DIR.name: {"k": 4, "m": 4}, NARRATE_DIR.name: NARRATE_WIDEN, NIAH_DIR.name: {"k": 8, "m": 4}}
 
 
 def write_checksums(directory: Path = PAIR_DIR) -> dict:

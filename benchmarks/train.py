@@ -51,6 +51,7 @@ from hippo.benchmarks.batching import IGNORE, lm_inputs, make_batch, select_kept
 from hippo.benchmarks.models import n_params, new_model
 from hippo.benchmarks.tokenizer import build_tokenizer
 from hippo.cli.pair.narration import draw_batch_question, narration_config, narration_sample
+from hippo.cli.pair.niah import FPS as NIAH_FPS
 from hippo.cli.pair.niah import NiahConfig, niah_sample
 from hippo.cli.pair.task import CLOCK_STEPS, COLOURS, MOTIONS, SHAPES, TaskConfig, sample
 from hippo.cli.pair.tokens import set_generation_defaults
@@ -84,6 +85,9 @@ class Phase:
     teacher: str | None = None  # distil: answers are this checkpoint's greedy outputs, not the references
     attend_weight: float = 0.0  # narration: weight of `attention_loss` (0: off)
     cue_design: str = "angle"  # narration: how the clips draw their cues (`task.TaskConfig.cue_design`)
+    #: niah: M-RoPE temporal positions per temporal patch, one drawn per batch (the clip's frame rate is
+    #: divided by it), so that short training clips span the positions of long ones; None: 1
+    time_stretch: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -253,7 +257,8 @@ def _samples(cfg: TrainConfig, index: int, phase: Phase, step: int) -> list:
     one = step < phase.one_object_frac * phase.steps
     base = (cfg.seed * 16 + index) * TRAIN_SEED_STRIDE + step * 16
     if phase.task == "niah":
-        task = NiahConfig(size=px, frames=frames)
+        stretch = random.Random(base).choice(phase.time_stretch or (1,))
+        task = NiahConfig(size=px, frames=frames, fps=NIAH_FPS / stretch)
         return [niah_sample(base + i, task) for i in range(batch)]
     if phase.task == "narrate":
         task = narration_config(px, frames, max_objects=1 if one else 3, cue_design=phase.cue_design)
@@ -384,7 +389,7 @@ def run_phase(
 
 def _phase_key(cfg: TrainConfig, index: int) -> str:
     fixed = {k: v for k, v in asdict(cfg).items() if k != "phases"}
-    phases = [{k: v for k, v in asdict(p).items() if v is not None or k != "teacher"} for p in cfg.phases]
+    phases = [{k: v for k, v in asdict(p).items() if v is not None} for p in cfg.phases]  # unset: as before
     text = json.dumps([fixed, phases[: index + 1]], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -309,12 +309,13 @@ def build_context(
     return VideoContext(pipe, prefix, encoded, session, capture, tokenizer)
 
 
-def check_budget(pipe: Pipeline, estimate: int, prefix_length: int) -> None:
-    """Refuse a new context that would exceed `pipe.context_budget` or the device's free memory."""
+def check_budget(pipe: Pipeline, estimate: int, prefix_length: int, kind: str = "a video context") -> None:
+    """Refuse a new context (or a prompt's decoding: `kind`) that would exceed `pipe.context_budget`
+    beside the live contexts, or the device's free memory."""
     live = [c for c in list(pipe._contexts) if not c.closed]
     held = sum(c.nbytes for c in live)
     budget = pipe.context_budget
-    what = f"a video context of {prefix_length} tokens needs about {estimate / MiB:.1f} MiB (KV + features)"
+    what = f"{kind} of {prefix_length} tokens needs about {estimate / MiB:.1f} MiB (KV + features)"
     if budget is not None and held + estimate > budget:
         raise MemoryBudgetError(
             f"{what}, but {len(live)} live context(s) hold {held / MiB:.1f} MiB of the budget of "

@@ -14,7 +14,7 @@ from transformers import GenerationConfig
 
 from hippo.batch import Record, Result, map_records
 from hippo.batched import batch_gamma, decode_jobs, row_sessions
-from hippo.context import Turn, VideoContext, build_context
+from hippo.context import Turn, VideoContext, build_context, check_budget, estimate_bytes
 from hippo.conversation import Conversation, Question, as_ids, text_question_ids
 from hippo.errors import ConfigError, InputError, UnsupportedError
 from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, SessionKind, Verifier
@@ -199,6 +199,9 @@ class Pipeline:
         """One prompt through a DecodeJob and the scheduler (`turn`: from a video context's cache).
 
         `kwargs`: `generate`'s keywords (seed, generator, streamer, progress, timeline) and settings."""
+        if turn is None:  # a whole prompt: refused before any work if its cache cannot fit
+            L = int(inputs["input_ids"].shape[-1])
+            check_budget(self, estimate_bytes(self.target_adapter, L), L, kind="a prompt")
         generation_kwargs = dict(kwargs)
         keywords = ("seed", "generator", "streamer", "progress", "timeline")
         options = {k: generation_kwargs.pop(k) for k in keywords if k in generation_kwargs}

@@ -63,6 +63,7 @@ class NiahConfig:
     radius: tuple[float, float] = (10.0, 13.0)
     speed: tuple[float, float] = (5.0, 7.0)  # px per frame, needles
     drift: float = 1.0  # px per frame, the background's sideways drift
+    fps: float = FPS  # the clip's frame rate (the processor's `fps`: M-RoPE temporal positions per second)
 
     def __post_init__(self):
         if self.size % MERGED or self.frames % TEMPORAL:
@@ -223,7 +224,7 @@ def niah_sample(seed: int, cfg: NiahConfig = NiahConfig()) -> NiahSample:
         caption=answer(needles),
         token_labels=flat,
         question=QUESTION,
-        fps=FPS,
+        fps=cfg.fps,
         needles=needles,
         attend=_attend(needles),
     )

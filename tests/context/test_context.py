@@ -230,3 +230,24 @@ def test_text_questions_about_a_video_file(tmp_path):
         assert torch.equal(a2.sequences, pipe.target.generate(**two, **gen))
     with pytest.raises(InputError, match="empty"):
         pipe.ask(ctx, "  ")
+
+
+def test_a_prompt_over_the_budget_is_refused_before_any_work(monkeypatch):
+    """generate refuses a prompt whose KV and features would pass the budget beside the live contexts,
+    with a MemoryBudgetError naming both, before the vision encoder or the target runs."""
+    pipe = pipeline("qwen2_5_vl")
+    p = prompt("qwen2_5_vl")
+    ctx = pipe.prepare(p.inputs)
+    pipe.context_budget = ctx.nbytes + 100  # the context fits; a prompt of its length beside it cannot
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model ran")
+
+    monkeypatch.setattr(pipe.target_adapter, "encode", forbidden)
+    with pytest.raises(MemoryBudgetError, match=r"a prompt of \d+ tokens needs about .* 1 live context"):
+        pipe.generate(p.inputs, max_new_tokens=2)
+    ctx.close()
+    monkeypatch.undo()
+    pipe.context_budget = None
+    assert pipe.generate(p.inputs, max_new_tokens=2).sequences.shape[1] == p.length + 2
+    pipe.close()
