@@ -88,8 +88,10 @@ def test_inert_a_bug_the_path_cannot_exercise_changes_nothing(path, bug, why):
 def test_inert_a_batch_refuses_the_planted_drafter():
     """BATCH_DRAFTS: the batched engine drafts each row itself; a drafter without `rewrite_chain`
     (the planted one) has no batched form, and generate_batch says so."""
+    from hippo.testing.drafters import corrupting_plugin
+
     case = sampling_case()
-    with planted.planted_plugin():
+    with corrupting_plugin(), planted.planted_plugin():
         pipe = case.builder("serial", drafter="planted_draft_temperature").build()
         try:
             with pytest.raises(UnsupportedError, match="no batched form"):
