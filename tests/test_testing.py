@@ -225,7 +225,7 @@ def test_hippo_check_catches_the_planted_bug(name, capsys):
     ("kind", "name", "plan"),
     [
         ("verifiers", "rejection", ["token trees", "conversation turn 2", "default"]),
-        ("verifiers", "planted_residual_from_p", ["conversation turn 2", "default"]),
+        ("verifiers", "planted_residual_from_p", ["token trees", "conversation turn 2", "default"]),
         ("drafters", "chain", ["conversation turn 2", "default"]),
         ("drafters", "tree", ["token trees", "default"]),
         ("schedulers", "serial", ["conversation turn 2", "default"]),

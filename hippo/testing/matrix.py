@@ -124,7 +124,7 @@ NO_BONUS = (
 def inert(path: Path, bug: str) -> str | None:
     """Why `path` cannot exercise `bug`, or None."""
     kind, cls = PLANTED[bug]
-    if getattr(cls, "trees", False) and path.chain:
+    if getattr(cls, "siblings", False) and path.chain:
         return NO_SIBLINGS
     if kind == "drafters" and not path.chain:
         return TREE_DRAFTER

@@ -76,7 +76,9 @@ class _PlantedRule(TreeVerifier):
     """The stock verifier with one planted step (`rule_options`) when sampling."""
 
     rule_options: dict[str, Any] = {}
-    trees = False  # checked on chains; `TreeUnnormalised`, whose bug is between siblings, on trees
+    trees = True  # it verifies token trees too (`_rule` walks the children), so every path can run it
+    #: its bug is between siblings: `planted_build` checks it on trees (the others on chains)
+    siblings = False
 
     def verify(self, proposal: DraftProposal, p_scores: torch.Tensor, policy: TokenPolicy) -> Verdict:
         return _rule(proposal, policy.distribution(p_scores), policy.generator, **type(self).rule_options)
@@ -148,7 +150,7 @@ class TreeUnnormalised(_PlantedRule):
     """After a rejected sibling, the next one is tested against max(0, r - q_j), not renormalised."""
 
     rule_options = {"recover": _unnormalised}
-    trees = True
+    siblings = True
 
 
 class GreedyCollapse(TreeVerifier):
@@ -157,7 +159,7 @@ class GreedyCollapse(TreeVerifier):
     path, token by token: on a law check whose likeliest sequence holds <= 0.9 of the mass
     (`sampling.MAX_MODE`) it is at total variation >= 0.1 from the target's law."""
 
-    trees = False
+    siblings = False
 
     def verify(self, proposal: DraftProposal, p_scores: torch.Tensor, policy: TokenPolicy) -> Verdict:
         if not policy.do_sample:
@@ -211,7 +213,7 @@ def planted_build(name: str) -> Callable[[Any], Any]:
     def build(case: Any) -> Any:
         if kind == "drafters":
             return case.builder(drafter=name)
-        if cls.trees:  # its bug is between siblings: check it on trees (TREE_SETTINGS)
+        if getattr(cls, "siblings", False):  # its bug is between siblings: check it on trees (TREE_SETTINGS)
             return case.builder(drafter="tree", verifier=name)
         return case.builder(verifier=name)
 
