@@ -157,6 +157,8 @@ class Cell:
     def describe(self) -> str:
         if not self.caught:
             return f"NOT CAUGHT after {self.runs} runs"
+        if self.runs == 0:
+            return "caught before sampling (a greedy turn differs from target.generate)"
         if self.look is None:
             return f"caught at once, run {self.runs} (a sequence p cannot emit)"
         return f"caught at look {self.look} ({self.runs} of N = {self.planned} runs)"

@@ -652,8 +652,16 @@ def second_turn_check(
                 max_new_tokens=SECOND_TURN["answer"],
                 do_sample=False,
             )
-            if new_tokens(a1.sequences, first.length) != answer:
-                raise AssertionError("turn 1's greedy answer is not target.generate's")
+            got = new_tokens(a1.sequences, first.length)
+            if got != answer:  # a bug that greedy decoding sees too: caught before any sampling
+                report = Report(
+                    check="greedy",
+                    summary=f"turn 1's greedy answer {got} is not target.generate's {answer}",
+                    case=f"{case.short()}, turn 1 of a conversation",
+                    parts=part_names(pipe),
+                    reproduce=f"second_turn_check({verifier!r}, {drafter!r}, seed={seed}, scheduler={scheduler!r})",
+                )
+                raise LosslessViolation(report, res)
             for run in range(check.runs):
                 conv.turns = conv.turns[:1]
                 out = conv.ask(question, seed=seed + run, **gen)
