@@ -31,8 +31,20 @@ from hippo.testing.sampling import DEFAULTS, config_build, generation, sampling_
 PROCESSES = {"process executor"}
 
 
+#: cells that are exercised but not yet caught: open gaps of the path's law check, kept visible (a
+#: strict xfail fails the suite the day the check catches the bug, so the entry must then go)
+GAPS = {
+    ("token trees", "planted_residual_from_p"): (
+        "open gap: on the static-tree law (top_k 3, T 0.0098) a residual drawn from p is only about TV 0.02 "
+        "off, below the check's 0.05; not caught in N = 2140 runs"
+    ),
+}
+
+
 def _param(path: str, bug: str):
     marks = [pytest.mark.xdist_group("processes")] if path in PROCESSES else []
+    if (path, bug) in GAPS:
+        marks.append(pytest.mark.xfail(strict=True, reason=GAPS[(path, bug)]))
     return pytest.param(path, bug, id=f"{path.replace(' ', '_')}-{bug.removeprefix('planted_')}", marks=marks)
 
 
