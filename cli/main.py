@@ -556,8 +556,8 @@ def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         type=int,
         default=4,
         metavar="N",
-        help="records per batch of similar lengths (default: %(default)s; rows are decoded one after "
-        "another today)",
+        help="records per batch of similar lengths (default: %(default)s; greedy rows are decoded together on "
+        "the auto, serial or autoregressive schedule, other rows one after another)",
     )
     g.add_argument(
         "--window",

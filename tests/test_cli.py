@@ -235,7 +235,7 @@ def test_demo_on_the_trained_pair(tmp_path, capsys: pytest.CaptureFixture[str]) 
     # the command the demo prints for "the same answer from the command line" runs as printed
     command = shlex.split(result["command"])
     assert command[:2] == ["hippo", "generate"]
-    assert main([*command[2:], "--json", str(tmp_path / "g.json")]) == 0
+    assert main([*command[1:], "--json", str(tmp_path / "g.json")]) == 0
     again = json.loads((tmp_path / "g.json").read_text())
     assert again["tokens"][:24] == result["hippo"]["tokens"] and again["compare_ar"]["identical"] is True
 
