@@ -598,6 +598,8 @@ def claims_markdown(claims: dict) -> list[str]:
                 for s in ("holistic", "attention", "uniform", "full")
             )
             verdict = "holds" if o["holistic_ge_attention_ge_uniform"] else "does not hold"
+            if o["holistic"]["ci95"][0] <= o["uniform"]["ci95"][1]:
+                verdict += " in the point estimates, but the intervals overlap"
             parts.append(f"N = {n}: {mats}; the order {verdict}")
         lines.append(
             f"- **MAT order at keep 10%** (paper: {claims['mat_order']['paper']}; 95% intervals over rounds). "
