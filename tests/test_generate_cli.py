@@ -137,7 +137,9 @@ def test_console_generate_end_to_end(env, tmp_path) -> None:
     hippo_line, ar_line, compare = lines[-3:]
     assert SUMMARY.match(hippo_line).groups() == ("hippo", "10")
     assert SUMMARY.match(ar_line).groups() == ("autoregressive", "10")
-    assert re.match(r"^speedup over autoregressive \(both warm\): [\d.]+x \| outputs identical: yes$", compare)
+    assert re.match(
+        r"^speedup over autoregressive \(both warm\): [\d.]+x \| outputs identical: yes$", compare
+    )
     assert "Traceback" not in proc.stderr
 
     assert len(result["tokens"]) == 10 and result["compare_ar"]["identical"] is True
