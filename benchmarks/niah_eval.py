@@ -27,21 +27,18 @@ from hippo.benchmarks.batching import make_batch  # noqa: E402
 from hippo.benchmarks.evaluate import HELD_OUT, greedy_ids  # noqa: E402
 from hippo.benchmarks.narrate_eval import agreement  # noqa: E402
 from hippo.cli.pair.niah import config_for, needle_rows, needle_scores, niah_sample  # noqa: E402
+from hippo.registry import lookup  # noqa: E402
+from hippo.types import VisualTokens  # noqa: E402
 
 TOKENS = (1152, 2048, 4096, 8192, 16384)
 MAX_ANSWER = 96  # tokens: longer than any reference answer (75)
 
 
-def _lattice(k: int, n: int) -> torch.Tensor:
-    return ((torch.arange(k, dtype=torch.float64) + 0.5) * n / k).floor().long().clamp_max(n - 1)
-
-
-def oracle_keep(rows: torch.Tensor, n: int, k: int) -> torch.Tensor:  # -> [k] the needles, then uniform
-    others = torch.ones(n, dtype=torch.bool)
-    others[rows] = False
-    pool = others.nonzero().flatten()
-    fill = pool[_lattice(max(0, k - rows.numel()), pool.numel())]
-    return torch.cat([rows, fill]).sort().values[:k]
+def kept(
+    name: str, n: int, **options
+) -> torch.Tensor:  # -> [1, K] what a registered selector keeps of n tokens
+    visual = VisualTokens(torch.zeros(n, 1), torch.arange(n), ((n, 1, 1),))
+    return lookup("selectors", name).from_options(keep_ratio=0.1, **options).select(visual, None, None)[None]
 
 
 @torch.inference_mode()
@@ -61,11 +58,10 @@ def evaluate(target, draft, tokenizer, tokens: int, n: int, seed: int = 0) -> di
                 acc = fields[role].setdefault(f, [0, 0])
                 acc[0], acc[1] = acc[0] + right, acc[1] + total
         N = batch.video_rows.numel()
-        k = max(1, round(0.1 * N))
         keeps = {
             "full": None,
-            "uniform 10%": _lattice(k, N)[None],
-            "needles + uniform 10%": oracle_keep(needle_rows(smp), N, k)[None],
+            "uniform 10%": kept("uniform", N),
+            "needles + uniform 10%": kept("oracle", N, keep=needle_rows(smp)),
         }
         target_ids = [answers["target"] + [eos]]
         for name, keep in keeps.items():
