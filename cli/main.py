@@ -365,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     _generate_parser(sub, debug)
     _chat_parser(sub, debug)
     _batch_parser(sub, debug)
+    _serve_parser(sub, debug)
     _bias_parser(sub, debug)
     _external_commands(sub, debug)
     _check_parser(sub, debug)
@@ -593,6 +594,64 @@ def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         help="actors, one pipeline each (default: as many as the cluster's CPUs or GPUs hold)",
     )
     b.set_defaults(func=_lazy("hippo.cli.batch", "cmd_batch"))
+
+
+def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
+    s = sub.add_parser(
+        "serve",
+        parents=[debug],
+        help="serve an OpenAI-compatible chat-completions endpoint: many users at once, every answer lossless",
+        description=(
+            "Serve POST /v1/chat/completions (OpenAI's format: messages with text and video_url parts, "
+            "file:// URLs under --media-dir), GET /v1/models, /health and /metrics (Prometheus). Requests "
+            "join one batch engine between rounds (continuous batching) and leave when done or cancelled; "
+            "each answer is exactly the target's own, as `hippo generate` gives it. Questions about the "
+            "same video reuse its prepared prefix (an LRU cache bounded by --cache-gb). The video and "
+            "decoding options below are the defaults of requests that do not set them."
+        ),
+        epilog=(
+            "Install with pip install 'hippo[serve]'. A request's max_tokens, temperature (0: greedy), "
+            "top_p, top_k, seed and stop override the defaults, and frames, fps, max_pixels can be sent "
+            "as extra fields. SIGTERM stops accepting, drains the requests in flight for up to --drain "
+            "seconds, then exits 0."
+        ),
+    )
+    o = _pipeline_args(s, prompt=False, video=False)
+    o.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
+    o.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
+    o.add_argument(
+        "--max-batch", type=int, default=8, metavar="N", help="rows decoded together (default: %(default)s)"
+    )
+    o.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        metavar="N",
+        help="requests waiting before a 429 (default: %(default)s)",
+    )
+    o.add_argument(
+        "--media-dir", required=True, metavar="DIR", help="the only directory videos are read from"
+    )
+    o.add_argument(
+        "--cache-gb",
+        type=float,
+        default=4.0,
+        metavar="G",
+        help="GiB of prepared video contexts kept, least recently used out first (default: %(default)s)",
+    )
+    o.add_argument(
+        "--served-model-name",
+        metavar="NAME",
+        help="the model name clients send (default: the target's folder name)",
+    )
+    o.add_argument(
+        "--drain",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds the requests in flight get to finish on SIGTERM (default: %(default)s)",
+    )
+    s.set_defaults(func=_lazy("hippo.cli.serve", "cmd_serve"))
 
 
 def _bias_parser(sub: Any, debug: argparse.ArgumentParser) -> None:

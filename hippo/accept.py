@@ -140,7 +140,7 @@ def settle(
     bonus: bool = True,
 ) -> tuple[Verdict, int]:
     """Accept a path with the verifier's rule, keep it, emit it and its next token, book the round;
-    returns the verdict and the tokens emitted. A batch (`hippo.batched`) settles each row with it."""
+    returns the verdict and the tokens emitted. A batch (`hippo.engine`) settles each row with it."""
     prefix = job.prefix()  # [T]
     scores = process_rows(job.policy, prefix, proposal, logits)  # [n+1, V]
     verdict = job.verifier.verify(proposal, scores, job.policy)

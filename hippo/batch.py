@@ -6,7 +6,7 @@ built) with its own generation settings. `Pipeline.map` reads `window` records a
 inputs, sorts them by prompt length (visual tokens included, so mostly by video length) and hands
 them on in batches of up to `batch_size` similar lengths, so that a batched engine pads little.
 Greedy rows of a batch are decoded together when the pipeline's schedule has a batched form
-(`hippo.batched`), the others one after another through `Pipeline.generate`: every answer is exactly
+(`hippo.engine`), the others one after another through `Pipeline.generate`: every answer is exactly
 what `generate` returns for that record alone.
 
 A record that cannot be answered (a missing or bad field, a duplicate id, a missing or corrupt
@@ -298,7 +298,7 @@ def _decode_window(pipe: Any, ready: list[_Ready], batch_size: int, tok: _Tokeni
 
 def decode_batch(pipe: Any, batch: list[_Ready], tokenizer: Any) -> Iterator[Result]:
     """The answers to one batch of similar lengths. Greedy rows are decoded together when the
-    pipeline's schedule has a batched form (`hippo.batched`: `auto`, `serial` or `autoregressive`);
+    pipeline's schedule has a batched form (`hippo.engine`: `auto`, `serial` or `autoregressive`);
     the other rows, and every row when a batched run fails with a HippoError,
     one after another through `Pipeline.generate`. Each answer is what `generate` returns alone."""
     together = _batchable(pipe, batch)

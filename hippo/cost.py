@@ -20,7 +20,7 @@ Notation: p = target, q = draft, γ = draft length, α = probability that a draf
   al.). It costs γ·t_draft + t_verify(γ+1) when q and p take turns (`serial`, or a parallel schedule
   whose executor runs them one after the other), and max(γ·t_draft, t_verify(γ+1)) when q drafts
   while p verifies (`pearl`, `hippo` beside a draft thread or process).
-- A batch of B rows (`hippo.batched`) takes one γ per round for all its live rows: the one of the
+- A batch of B rows (`hippo.engine`) takes one γ per round for all its live rows: the one of the
   most expected tokens per second of the batch, Σ_rows E(α_r, γ) / (γ·t_draft(B) + t_verify(B, γ+1)),
   each row's α from its own rounds. p's forward is compute-bound on a CPU, so t_verify(B, k) is
   measured on the batch the first time B rows are seen, or interpolated in B between sizes measured

@@ -278,7 +278,7 @@ class Job(Protocol):
     def target_step(self, target: ModelSession) -> None: ...
     def verify_round(self, target: ModelSession, proposal: DraftProposal, bonus: bool = True) -> Verdict: ...
 
-    # A batch (`hippo.batched`) drives its rows' jobs itself: one forward for all rows, then each row
+    # A batch (`hippo.engine`) drives its rows' jobs itself: one forward for all rows, then each row
     # settles its round as `verify_round` does (`hippo.accept.settle`, through `emit`). It also reads:
     tokens: list[int]  # the emitted tokens
     verifier: Verifier
@@ -303,6 +303,20 @@ class Scheduler(Component):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release workers (processes, streams) held across generate calls."""
+
+    # ---- rows decoded together (`hippo.engine`) ------------------------------------------------
+    #: whether this schedule has a batched form: then `batch_gamma` says how a batch drafts
+    batches: ClassVar[bool] = False
+
+    def batch_gamma(self, job: Job, rows: int) -> Any:  # -> int | hippo.cost.AutoGamma
+        """How a batch of `rows` rows that `job` joins drafts, on the engine's one loop: a fixed γ for
+        every round (0: the target alone), or a `hippo.cost.AutoGamma` that re-chooses one γ for all
+        live rows each round. Asked when the batch starts (its first row joins); a schedule may
+        record its choice on `job.stats.plan`. Only called when `batches` is True."""
+        raise NotImplementedError(f"{type(self).__name__} has no batched form (batches = False)")
+
+    def batch_done(self, job: Job) -> None:  # noqa: B027 - optional hook
+        """Told when a row of a batch has finished (its stats are final), e.g. to learn its α."""
 
 
 @attrs.frozen

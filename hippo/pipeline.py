@@ -13,10 +13,10 @@ import torch
 from transformers import GenerationConfig
 
 from hippo.batch import Record, Result, map_records
-from hippo.batched import batch_gamma, decode_jobs, row_sessions
 from hippo.context import Turn, VideoContext, build_context, check_budget, estimate_bytes
 from hippo.conversation import Conversation, Question, as_ids, text_question_ids
-from hippo.errors import ConfigError, InputError, UnsupportedError
+from hippo.engine import Engine, can_batch, row_sessions
+from hippo.errors import ConfigError, InputError
 from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, SessionKind, Verifier
 from hippo.job import DecodeJob, Parts
 from hippo.registry import lookup, plugin_manager
@@ -121,7 +121,7 @@ class Pipeline:
         per_row: Sequence[dict[str, Any]] | None = None,
         **generation_kwargs: Any,
     ) -> list[GenerateOutput]:
-        """Decode many prompts together (`hippo.batched`): one output per row, each with its own stats,
+        """Decode many prompts together (`hippo.engine`): one output per row, each with its own stats,
         each what `generate` returns for that row alone. `inputs`: one processor output per row (each
         of batch size 1), or one padded batch that the target's adapter cuts into rows
         (`Adapter.batch_items`); `seeds`: one per row; `per_row`: one dict of generation settings per
@@ -131,28 +131,52 @@ class Pipeline:
         inputs = self._rows(inputs)[0]
         for x in inputs:
             self._check_inputs(x)
-        gamma = batch_gamma(self)
-        if gamma is None:
-            raise UnsupportedError(
-                f"scheduler {self.names.get('scheduler', type(self.scheduler).__name__)!r} has no batched "
-                "form; batched decoding runs 'auto', 'serial' or 'autoregressive' with the 'chain' drafter"
-            )
+        engine = self.engine()  # refuses a schedule without a batched form
         n = len(inputs)
         rows = per_row if per_row is not None else [{}] * n
         seeds = seeds if seeds is not None else [None] * n
         if len(rows) != n or len(seeds) != n:
             raise InputError(f"{n} rows of inputs but {len(rows)} per_row settings and {len(seeds)} seeds")
-        parts = attrs.evolve(self, sessions=row_sessions(self))  # prefilled as `generate` prefills
         jobs = [
-            self._job(x, generation_config, {**generation_kwargs, **r}, parts=parts, seed=seed)
+            self.job(x, generation_config, seed=seed, **{**generation_kwargs, **r})
             for x, r, seed in zip(inputs, rows, seeds)
         ]
-        decode_jobs(self, jobs, gamma)
+        engine.run(jobs)
         return [_output(job, x) for job, x in zip(jobs, inputs)]
 
     def can_batch(self) -> bool:
         """Whether `generate_batch` can decode rows together with this pipeline's schedule."""
-        return batch_gamma(self) is not None
+        return can_batch(self)
+
+    def engine(self, sampled_gamma: int | None = None) -> Engine:
+        """A batch engine on this pipeline (`hippo.engine`): `add` jobs from `job`, `step`, `cancel`."""
+        return Engine(self, sampled_gamma)
+
+    def job(
+        self,
+        inputs: dict[str, Any] | None = None,
+        generation_config: GenerationConfig | None = None,
+        *,
+        turn: Turn | None = None,
+        seed: int | None = None,
+        streamer: Any = None,
+        **generation_kwargs: Any,
+    ) -> DecodeJob:
+        """A job for the batch engine: `inputs` (one prompt) or `turn` (a question on a prepared video,
+        `hippo.context.Turn`), decoded as `generate` decodes it, with sessions the engine stacks."""
+        if turn is not None:
+            inputs = turn.inputs
+        self._check_inputs(inputs)
+        parts = attrs.evolve(self, sessions=row_sessions(self))
+        return self._job(
+            inputs,
+            generation_config,
+            generation_kwargs,
+            parts=parts,
+            seed=seed,
+            streamer=streamer,
+            source=turn,
+        )
 
     def _rows(self, inputs: Any) -> tuple[list[dict[str, Any]], bool]:
         """(the prompts' rows, whether several were given: a list, or a padded batch of B > 1). A

@@ -20,7 +20,7 @@ runs with `gamma="auto"` on the cached curve, so it still re-chooses γ each rou
 alone) included. `Stats.plan` records the choice and each option's prediction.
 
 A batch (`Pipeline.generate_batch`, `Pipeline.map`, `hippo batch`) runs `serial` with γ re-chosen each
-round for all its rows on t_verify(B, k) measured on the batch (`run_batch`), or the target alone
+round for all its rows on t_verify(B, k) measured on the batch (`batch_gamma`), or the target alone
 where even an always-right draft loses: the parallel schedules have no batched form.
 """
 
@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import platform
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -280,22 +279,19 @@ class AutoScheduler(Scheduler):
         scheduler.run(job)
         self._carry(job)
 
-    def run_batch(
-        self, jobs: Sequence[DecodeJob], decode: Callable[[Sequence[DecodeJob], int | AutoGamma], None]
-    ) -> None:
-        """Decode `jobs` together (`hippo.batched`): `serial` with γ re-chosen each round for the
-        whole batch (`hippo.cost`: t_verify(B, k) measured on the batch), or the target alone where
-        even a draft that is always right would lose; chosen by `choose` (on this machine's one-row
-        costs, at the α of this pipeline's earlier jobs) and recorded on each row's `Stats.plan`.
-        `decode(jobs, γ or AutoGamma)` runs them."""
-        name, record = self.choose(jobs[0], batch=len(jobs))
-        for job in jobs:
-            job.stats.plan.update(record)
-        try:
-            decode(jobs, 0 if name == "autoregressive" else self._start_at(self._batch_gamma()))
-        finally:
-            for job in jobs:
-                self._carry(job)
+    batches = True
+
+    def batch_gamma(self, job: DecodeJob, rows: int) -> int | AutoGamma:
+        """A batch (`hippo.engine`) runs `serial` with γ re-chosen each round for all its live rows
+        (`hippo.cost`: t_verify(B, k) measured on the batch), or the target alone where even a draft
+        that is always right would lose; chosen by `choose` (on this machine's one-row costs, at the
+        α of this pipeline's earlier jobs) and recorded on `job.stats.plan`."""
+        name, record = self.choose(job, batch=rows)
+        job.stats.plan.update(record)
+        return 0 if name == "autoregressive" else self._start_at(self._batch_gamma())
+
+    def batch_done(self, job: DecodeJob) -> None:
+        self._carry(job)
 
     def _carry(self, job: DecodeJob) -> None:
         """Count the job's rounds in the α the pipeline's next job starts from."""

@@ -15,11 +15,15 @@ class AutoregressiveScheduler(Scheduler):
     """The target alone, one token per forward: the baseline every speedup is measured against."""
 
     needs_draft = False
+    batches = True
 
     def run(self, job: DecodeJob) -> None:
         target = job.prefill_target()
         while not job.done:
             job.target_step(target)
+
+    def batch_gamma(self, job: DecodeJob, rows: int) -> int:
+        return 0
 
 
 class SerialScheduler(Scheduler):
@@ -39,6 +43,12 @@ class SerialScheduler(Scheduler):
         super().__init__(config)
         cfg = self.config
         self.auto = AutoGamma(parallel=False, costs=cfg.costs) if cfg.gamma == "auto" else None
+
+    batches = True
+
+    def batch_gamma(self, job: DecodeJob, rows: int) -> int | AutoGamma:
+        """A batch drafts as one job does: γ fixed, or re-chosen each round (for all live rows)."""
+        return self.config.gamma if self.auto is None else self.auto
 
     def run(self, job: DecodeJob) -> None:
         target = job.prefill_target()

@@ -66,9 +66,9 @@ class CorruptingDrafter(Drafter):
 
     @property
     def rewrite_chain(self) -> Callable[[DraftProposal, int], DraftProposal] | None:
-        """The batched form (`hippo.batched`): the base drafter's, then the corruption; None when the
+        """The batched form (`hippo.engine`): the base drafter's, then the corruption; None when the
         base drafter has none."""
-        from hippo.batched import chain_rewrite
+        from hippo.engine import chain_rewrite
 
         base = chain_rewrite(self.base)
         if base is None:

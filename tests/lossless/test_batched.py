@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hippo
-import hippo.batched as hb
+import hippo.stacked as hst
 from hippo.errors import UnsupportedError
 from hippo.rows import pad_rows
 from hippo.testing import assert_sampling_exact
@@ -76,15 +76,15 @@ def check_batch(pipe, prompts, gens, eager: bool = False, padding: str | None = 
     """Decode `prompts` as one batch (a list, or with `padding` "left"/"right" one padded processor batch
     where the rows' media can be concatenated); every row must be its own `target.generate`."""
     refs = [hr.reference(pipe.target, p.inputs, **g) for p, g in zip(prompts, gens)]
-    saved = hb.COMPACT_MIN, hb.COMPACT_SHARE
+    saved = hst.COMPACT_MIN, hst.COMPACT_SHARE
     if eager:  # compact at every hole
-        hb.COMPACT_MIN, hb.COMPACT_SHARE = 1, 0.0
+        hst.COMPACT_MIN, hst.COMPACT_SHARE = 1, 0.0
     try:
         rows = [p.inputs for p in prompts]
         batch = None if padding is None else pad_rows(rows, padding)
         outs = pipe.generate_batch(rows if batch is None else batch, per_row=gens)
     finally:
-        hb.COMPACT_MIN, hb.COMPACT_SHARE = saved
+        hst.COMPACT_MIN, hst.COMPACT_SHARE = saved
     assert len(outs) == len(prompts)
     for out, ref, p in zip(outs, refs, prompts):
         hr.assert_same(out, ref, p.length)
@@ -243,7 +243,7 @@ def test_t_verify_is_measured_once_per_batch_size_and_leaves_the_batch_as_it_was
     gens = [{"do_sample": False, "max_new_tokens": m} for m in (16, 3, 24)]
     pipe = auto_pipeline(target, hm.tiny("qwen2_5_vl", "draft"), "serial", None, tmp_path)
     measured = []
-    real = hb.BatchedCache.verify_curve
+    real = hst.BatchedCache.verify_curve
 
     def state(cache):
         kv = [t.clone() for layer in cache.cache.layers for t in (layer.keys, layer.values)]
@@ -259,7 +259,7 @@ def test_t_verify_is_measured_once_per_batch_size_and_leaves_the_batch_as_it_was
         assert curve(1) > 0 and set(curve.ks) == set(pipe.scheduler.auto.widths)
         return curve
 
-    monkeypatch.setattr(hb.BatchedCache, "verify_curve", spy)
+    monkeypatch.setattr(hst.BatchedCache, "verify_curve", spy)
     outs = check_batch(pipe, prompts, gens)
     assert measured[0] == 3 and len(measured) == len(set(measured)) >= 2, measured
     for out in outs:  # each row's plan: the batch's choices at the row's own α, as `hippo generate -v` says
@@ -322,10 +322,18 @@ def test_batched_form_is_refused_where_there_is_none():
     target = hm.tiny("qwen2_5_vl", "target")
     p = hm.Prompt.default("qwen2_5_vl", target)
     pipe = hr.build_pipeline(target, target, drafter="chain")
-    assert hb.batch_gamma(pipe) == 4
-    pipe.names["scheduler"] = "pearl"  # a schedule without a batched form
+    assert pipe.can_batch() and pipe.scheduler.batch_gamma(None, 2) == 4
+    pearl = hr.build_pipeline(target, target, drafter="chain", scheduler="pearl")  # no batched form
+    assert not pearl.can_batch()
     with pytest.raises(UnsupportedError, match="no batched form"):
-        pipe.generate_batch([p.inputs, p.inputs], max_new_tokens=2)
+        pearl.generate_batch([p.inputs, p.inputs], max_new_tokens=2)
+    with pytest.warns(DeprecationWarning, match="hippo.engine"):  # the old module, for one minor version
+        import importlib
+        import sys
+
+        sys.modules.pop("hippo.batched", None)
+        old = importlib.import_module("hippo.batched")
+    assert old.batch_gamma(pipe) == 4 and old.batch_gamma(pearl) is None
 
 
 def test_sampling_rows_reproduce_their_batch_one_draws():
@@ -443,3 +451,75 @@ def test_grouped_query_attention_is_scoped_to_hippos_masked_forwards(monkeypatch
     assert os.environ[_FORCE_GQA] == "0"
     sizes = hm.tiny("qwen2_5_vl", "target").config.text_config
     assert sizes.num_attention_heads > sizes.num_key_value_heads
+
+
+def run_arrivals(pipe, target, prompts, gens, arrive, cancel, seen) -> None:
+    """Rows join the engine at round `arrive[i]` and row i is cancelled `cancel[i]` rounds after it
+    joined (None: never); then each row is checked against its own decoding alone."""
+    engine = pipe.engine()
+    jobs = [pipe.job(p.inputs, **g) for p, g in zip(prompts, gens)]
+    added: dict[int, int] = {}  # row -> round it joined
+    t = 0
+    while len(added) < len(jobs) or engine.live:
+        for i, job in enumerate(jobs):
+            if i not in added and arrive[i] <= t:
+                seen["joined_live"] += bool(engine.live)
+                engine.add(job)
+                added[i] = t
+        for i, job in enumerate(jobs):
+            if i in added and cancel[i] is not None and t == added[i] + cancel[i] and engine.cancel(job):
+                seen["cancelled"] += 1
+        engine.step()
+        t += 1
+    for job, p, g in zip(jobs, prompts, gens):
+        if g["do_sample"]:  # the same draws as the row's own generate with its seed
+            ref = hr.new_tokens(pipe.generate(p.inputs, **g).sequences, p.length)
+            seen["sampled"] += 1
+        else:
+            ref = hr.new_tokens(hr.reference(target, p.inputs, **g), p.length)
+        if "cancelled" in job.stats.notes:
+            assert job.tokens == ref[: len(job.tokens)]
+        else:
+            assert job.tokens == ref, "a seeded sample changed" if g["do_sample"] else "not the target's own"
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_rows_joining_and_leaving_mid_flight_equal_their_own_generate(adapter, corrupting_drafter):
+    """Continuous batching (`hippo.engine.Engine`): rows join between rounds, some are cancelled, the
+    others run to EOS or their budget. Hypothesis draws the arrival round of each row, which rows are
+    cancelled and when, the schedule and which draft tokens are wrong. A greedy row that finishes is
+    its own `target.generate`; a cancelled row holds a prefix of it; a seeded sampled row (fixed γ)
+    is token for token its own `generate` with the same seed, whatever shared its batch."""
+    target = hm.tiny(adapter, "target")
+    seen = {"joined_live": 0, "cancelled": 0, "sampled": 0}
+    sampled = {"do_sample": True, "temperature": 1.5, "seed": 7, "max_new_tokens": 6}
+    fixed = hr.build_pipeline(target, target, gamma=3, keep_ratio=0.5)
+    gens = [{"do_sample": False, "max_new_tokens": m} for m in (12, 10)] + [sampled]
+    run_arrivals(fixed, target, fixed_prompts(adapter, target), gens, [0, 2, 1], [None, 1, None], seen)
+
+    @settings(max_examples=hs.examples(0.4))
+    @given(data=st.data())
+    def check(data):
+        prompts, gens = draw_rows(data, adapter, target, 2)
+        scheduler = data.draw(st.sampled_from(["serial", "auto", "autoregressive"]), label="scheduler")
+        wrong = data.draw(st.none() | hs.corrupt_patterns, label="corrupted positions")
+        pipe = hr.build_pipeline(
+            target,
+            None if scheduler == "autoregressive" else target,
+            scheduler=scheduler,
+            gamma=data.draw(hs.gammas, label="γ"),
+            keep_ratio=data.draw(st.just(1.0) | hs.keep_ratios, label="keep ratio"),
+            drafter="chain" if wrong is None else corrupting_drafter,
+            drafter_options=None if wrong is None else {"wrong": wrong},
+        )
+        row = data.draw(st.sampled_from([None, *range(len(gens))]), label="sampled row")
+        if row is not None and scheduler == "serial":
+            gens[row] = dict(sampled, max_new_tokens=gens[row]["max_new_tokens"])
+        arrive = [data.draw(st.integers(0, 4), label=f"arrives {i}") for i in range(len(gens))]
+        cancel = [
+            data.draw(st.none() | st.integers(0, 3), label=f"cancelled after {i}") for i in range(len(gens))
+        ]
+        run_arrivals(pipe, target, prompts, gens, arrive, cancel, seen)
+
+    check()
+    assert all(seen.values()), f"vacuous: {seen}"

@@ -1,0 +1,496 @@
+"""`hippo serve`: an OpenAI-compatible chat-completions server on the batch engine (`hippo.service`).
+
+Endpoints: `POST /v1/chat/completions` (messages with `text` and `video_url` parts, as vLLM takes
+them; `stream` gives server-sent events in OpenAI's chunk format, usage in the last chunk), `GET
+/v1/models`, `GET /health`, `GET /metrics` (Prometheus text). Every answer is the target's own, as
+`hippo generate` gives it; hippo's extras (MAT, the plan, the token ids) ride in a `hippo` field.
+
+Errors are OpenAI's JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad request
+(malformed JSON, a bad field, a missing video, a prompt longer than the context), 403 for a video
+outside `--media-dir`, 404 for another model, 429 with Retry-After when the queue is full, 503
+when a context cannot fit in memory or the server is stopping. SIGTERM stops accepting, lets the
+requests in flight finish for up to `--drain` seconds and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import unquote, urlparse
+
+from hippo.errors import ConfigError, InputError, MemoryBudgetError, one_line
+from hippo.service import Overloaded, Request, Service, check_media
+
+try:
+    import prometheus_client as prom
+    from fastapi import FastAPI
+    from fastapi import Request as HTTPRequest
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from pydantic import BaseModel, ConfigDict, Field
+except ImportError as exc:  # pragma: no cover - the serve extra is missing
+    raise ConfigError(
+        f"hippo serve needs FastAPI, uvicorn and prometheus_client ({exc.name} is missing): "
+        "pip install 'hippo[serve]'"
+    ) from None
+
+
+# ---- the request, as OpenAI's chat completions take it --------------------------------------------
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=1)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: Literal[1] = 1
+    # the video's frames (hippo's extras, as `hippo generate` takes them; extra_body in the client)
+    frames: int | None = Field(default=None, ge=1)
+    fps: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_pixels: int | None = Field(default=None, ge=1)
+
+
+class BadRequest(Exception):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    kind: str = "invalid_request_error",
+    headers: dict | None = None,
+) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def parse_messages(
+    messages: list[dict[str, Any]], media_dir: str
+) -> tuple[str, list[tuple[str, str | None]]]:
+    """(the video's path, the (question, answer) turns): the first user message holds one video_url
+    part; user and assistant messages alternate after it, ending with a user message."""
+    video, turns = None, []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        role, content = m.get("role"), m.get("content")
+        if role not in ("user", "assistant"):
+            raise BadRequest(
+                400,
+                f"{where}.role is {role!r}; hippo serve takes user and assistant messages",
+                f"{where}.role",
+            )
+        expected = "user" if not turns or turns[-1][1] is not None else "assistant"
+        if role != expected:
+            raise BadRequest(
+                400,
+                f"{where} is a {role} message but a {expected} message must come here; "
+                "user and assistant messages alternate, starting and ending with user",
+                where,
+            )
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(parts, list):
+            raise BadRequest(400, f"{where}.content must be a string or a list of parts", f"{where}.content")
+        texts = []
+        for j, part in enumerate(parts):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif kind == "video_url" and role == "user" and not turns and video is None:
+                video = _video_path(part.get("video_url"), f"{where}.content[{j}].video_url", media_dir)
+            elif kind == "video_url":
+                raise BadRequest(
+                    400,
+                    f"{where}.content[{j}]: only one video, in the first user message, is supported",
+                    f"{where}.content[{j}]",
+                )
+            else:
+                raise BadRequest(
+                    400,
+                    f"{where}.content[{j}] has type {kind!r}; supported parts are 'text' and 'video_url'",
+                    f"{where}.content[{j}].type",
+                )
+        text = "".join(texts)
+        if role == "user":
+            turns.append((text, None))
+        else:
+            turns[-1] = (turns[-1][0], text)
+    if video is None:
+        raise BadRequest(
+            400,
+            "no video: the first user message needs a video_url part "
+            '({"type": "video_url", "video_url": {"url": "file:///..."}})',
+            "messages[0].content",
+        )
+    if turns[-1][1] is not None:
+        raise BadRequest(
+            400, "the last message must be the user's question", f"messages[{len(messages) - 1}]"
+        )
+    return video, turns
+
+
+def _video_path(value: Any, where: str, media_dir: str) -> str:
+    url = value.get("url") if isinstance(value, dict) else None
+    if not isinstance(url, str):
+        raise BadRequest(
+            400, f"{where}.url is missing; give a file:// URL under the media directory", f"{where}.url"
+        )
+    parsed = urlparse(url)
+    if parsed.scheme != "file":
+        raise BadRequest(
+            403 if parsed.scheme in ("http", "https") else 400,
+            f"{where}.url {url!r} is not a file:// URL; hippo serve reads local files under "
+            "--media-dir and fetches no URL",
+            f"{where}.url",
+        )
+    path = unquote(parsed.path)
+    try:
+        real = check_media(path, media_dir)
+    except PermissionError as exc:
+        raise BadRequest(403, str(exc), f"{where}.url", "permission_error") from None
+    if not Path(real).is_file():
+        raise BadRequest(400, f"{where}.url: no such video file {path!r}", f"{where}.url")
+    return real
+
+
+def generation_of(body: ChatRequest, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`generate`'s settings: `defaults` (the server's), overridden by the request's. Temperature 0
+    decodes greedily; a temperature > 0, top_p or top_k samples."""
+    gen = dict(defaults or {"do_sample": False})
+    max_new = body.max_completion_tokens or body.max_tokens
+    if max_new is not None:
+        gen["max_new_tokens"] = max_new
+    if body.temperature == 0:
+        gen["do_sample"] = False
+    elif body.temperature is not None or body.top_p is not None or body.top_k is not None:
+        gen["do_sample"] = True
+        for key in ("temperature", "top_p", "top_k"):
+            if getattr(body, key) is not None:
+                gen[key] = getattr(body, key)
+    if not gen.get("do_sample"):
+        for key in ("temperature", "top_p", "top_k"):
+            gen.pop(key, None)
+    if body.seed is not None:
+        gen["seed"] = body.seed
+    return gen
+
+
+# ---- metrics ----------------------------------------------------------------------------------------
+class Metrics:
+    def __init__(self, service: Service):
+        self.registry = r = prom.CollectorRegistry()
+        self.requests = prom.Counter("hippo_requests", "requests by outcome", ["status"], registry=r)
+        self.tokens = prom.Counter("hippo_generated_tokens", "tokens generated", registry=r)
+        self.prompt_tokens = prom.Counter("hippo_prompt_tokens", "prompt tokens", registry=r)
+        self.ttft = prom.Histogram(
+            "hippo_time_to_first_token_seconds",
+            "time to first token",
+            registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, math.inf),
+        )
+        self.latency = prom.Histogram(
+            "hippo_request_latency_seconds",
+            "request latency",
+            registry=r,
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, math.inf),
+        )
+        self.mat = prom.Gauge("hippo_mean_accepted_tokens", "MAT of the last finished request", registry=r)
+        self.acceptance = prom.Gauge(
+            "hippo_acceptance_rate", "draft acceptance of the last request", registry=r
+        )
+        queue = prom.Gauge("hippo_queue_depth", "requests waiting", registry=r)
+        queue.set_function(lambda: service.queue_depth)
+        live = prom.Gauge("hippo_batch_size", "rows decoding now", registry=r)
+        live.set_function(lambda: service.batch_size)
+        cache = prom.Gauge("hippo_video_cache_bytes", "bytes of prepared video contexts", registry=r)
+        cache.set_function(lambda: service.contexts.nbytes)
+
+    def finished(self, info: dict[str, Any], first_token: float | None) -> None:
+        self.requests.labels("ok").inc()
+        self.tokens.inc(info["completion_tokens"])
+        self.prompt_tokens.inc(info["prompt_tokens"])
+        self.latency.observe(info["seconds"])
+        if first_token is not None:
+            self.ttft.observe(first_token)
+        stats = info["stats"]
+        if stats.rounds:
+            self.mat.set(stats.mat)
+            self.acceptance.set(stats.acceptance_rate)
+
+
+# ---- the app ------------------------------------------------------------------------------------------
+def create_app(
+    service: Service,
+    model: str,
+    media_dir: str,
+    drain: float = 30.0,
+    generation: dict[str, Any] | None = None,  # the defaults of a request's settings
+    video: dict[str, Any] | None = None,  # the defaults of its frames, fps, max_pixels
+) -> FastAPI:
+    """The FastAPI app serving `service` under the model name `model`."""
+    video_defaults = video
+    metrics = Metrics(service)
+    started = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await asyncio.to_thread(service.close, drain)  # uvicorn has drained the connections by now
+
+    app = FastAPI(title="hippo", lifespan=lifespan)
+    app.state.service, app.state.metrics = service, metrics
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        param = ".".join(loc) or None
+        if first.get("type") == "json_invalid":
+            return error_response(400, f"the body is not valid JSON: {first.get('msg')}")
+        metrics.requests.labels("bad_request").inc()
+        return error_response(400, f"{param or 'body'}: {first.get('msg')}", param)
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok" if service.thread.is_alive() and service.accepting else "stopping"}
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {
+            "object": "list",
+            "data": [{"id": model, "object": "model", "owned_by": "hippo", "created": started}],
+        }
+
+    @app.get("/metrics")
+    def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(prom.generate_latest(metrics.registry), media_type=prom.CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, http: HTTPRequest):
+        try:
+            if body.model != model:
+                raise BadRequest(
+                    404,
+                    f"model {body.model!r} is not served here; this server serves {model!r}",
+                    "model",
+                    "not_found_error",
+                )
+            path, turns = parse_messages(body.messages, media_dir)
+            stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+            options = {
+                k: getattr(body, k) for k in ("frames", "fps", "max_pixels") if getattr(body, k) is not None
+            }
+            defaults = dict(video_defaults or {})
+            if options.keys() & {"frames", "fps"}:  # one of them: the request's replaces the server's
+                defaults.pop("frames", None), defaults.pop("fps", None)
+            options = {**defaults, **options}
+            request = Request(path, turns, options, generation_of(body, generation), stop)
+        except BadRequest as exc:
+            metrics.requests.labels("bad_request").inc()
+            return error_response(exc.status, exc.message, exc.param, exc.kind)
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        try:
+            ticket = service.submit(request, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        except Overloaded as exc:
+            metrics.requests.labels("overloaded").inc()
+            return error_response(429, str(exc), None, "rate_limit_error", {"Retry-After": "1"})
+        except InputError as exc:  # stopping
+            return error_response(503, str(exc), None, "service_unavailable")
+        first = await events.get()
+        if first[0] == "error":
+            return _failed(first[1], metrics)
+        reply = Reply(model)
+        if body.stream:
+            return StreamingResponse(
+                _stream(reply, events, ticket, service, metrics), media_type="text/event-stream"
+            )
+        try:
+            text, info, t_first = await _collect(events)
+        except asyncio.CancelledError:  # the client went away
+            service.cancel(ticket)
+            raise
+        if isinstance(info, BaseException):
+            return _failed(info, metrics)
+        metrics.finished(info, t_first)
+        return JSONResponse(reply.whole(text, info))
+
+    return app
+
+
+def _failed(error: BaseException, metrics: Metrics) -> JSONResponse:
+    if isinstance(error, MemoryBudgetError):
+        metrics.requests.labels("overloaded").inc()
+        return error_response(503, one_line(error), None, "service_unavailable", {"Retry-After": "5"})
+    metrics.requests.labels("bad_request").inc()
+    return error_response(400, one_line(error))
+
+
+async def _collect(events: asyncio.Queue) -> tuple[str, Any, float | None]:
+    text, t_first, t0 = [], None, time.perf_counter()
+    while True:
+        ev = await events.get()
+        if ev[0] == "delta":
+            if t_first is None:
+                t_first = time.perf_counter() - t0
+            text.append(ev[1])
+        elif ev[0] == "end":
+            return "".join(text), ev[1], t_first
+        elif ev[0] == "error":
+            return "", ev[1], t_first
+
+
+class Reply:
+    """OpenAI's response objects for one request."""
+
+    def __init__(self, model: str):
+        self.id, self.model, self.created = f"chatcmpl-{uuid.uuid4().hex}", model, int(time.time())
+
+    def _base(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    @staticmethod
+    def usage(info: dict) -> dict:
+        p, c = info["prompt_tokens"], info["completion_tokens"]
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    @staticmethod
+    def extras(info: dict) -> dict:
+        s = info["stats"]
+        return {
+            "token_ids": info["token_ids"],
+            "mat": s.mat if s.rounds else None,
+            "acceptance_rate": s.acceptance_rate if s.rounds else None,
+            "plan": s.plan,
+            "visual_tokens": s.visual_tokens,
+            "kept_visual_tokens": s.kept_visual_tokens,
+        }
+
+    def whole(self, text: str, info: dict) -> dict:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": info["finish_reason"],
+        }
+        return {
+            **self._base("chat.completion"),
+            "choices": [choice],
+            "usage": self.usage(info),
+            "hippo": self.extras(info),
+        }
+
+    def chunk(self, delta: dict, finish: str | None = None, info: dict | None = None) -> str:
+        out = {
+            **self._base("chat.completion.chunk"),
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        if info is not None:
+            out["usage"], out["hippo"] = self.usage(info), self.extras(info)
+        return f"data: {json.dumps(out, default=str)}\n\n"
+
+
+async def _stream(reply: Reply, events: asyncio.Queue, ticket: Any, service: Service, metrics: Metrics):
+    """The answer as server-sent events; a client that goes away cancels its row."""
+    t0, t_first, done = time.perf_counter(), None, False
+    try:
+        yield reply.chunk({"role": "assistant", "content": ""})
+        while True:
+            ev = await events.get()
+            if ev[0] == "delta":
+                if t_first is None:
+                    t_first = time.perf_counter() - t0
+                if ev[1]:
+                    yield reply.chunk({"content": ev[1]})
+            elif ev[0] == "end":
+                metrics.finished(ev[1], t_first)
+                yield reply.chunk({}, ev[1]["finish_reason"], ev[1])
+                break
+            else:
+                body = {
+                    "error": {"message": one_line(ev[1]), "type": "server_error", "param": None, "code": 500}
+                }
+                yield f"data: {json.dumps(body)}\n\n"
+                break
+        done = True
+        yield "data: [DONE]\n\n"
+    finally:
+        if not done:
+            metrics.requests.labels("disconnected").inc()
+            service.cancel(ticket)
+
+
+# ---- the command ------------------------------------------------------------------------------------------
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        """uvicorn's server, but a drained shutdown on SIGTERM or SIGINT exits 0 (uvicorn re-raises
+        the signal after its graceful shutdown, which kills the process with it)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()
+
+    from hippo.builder import PipelineBuilder
+    from hippo.cli.video_commands import generation_kwargs, pipeline_config, prepare, quiet_transformers
+    from hippo.registry import lookup
+
+    if not Path(args.media_dir).is_dir():
+        raise ConfigError(
+            f"--media-dir {args.media_dir!r} is not a directory; create it and put the videos there"
+        )
+    if args.max_batch < 1 or args.max_queue < 0 or not args.cache_gb > 0 or args.drain < 0:
+        raise ConfigError("--max-batch must be >= 1, --max-queue >= 0, --cache-gb > 0 and --drain >= 0")
+    cfg = pipeline_config(args)
+    builder = PipelineBuilder.from_config(cfg)  # names and options are validated here
+    defaults = generation_kwargs(args)
+    if args.seed is not None:
+        defaults["seed"] = args.seed
+    video = {k: getattr(args, k) for k in ("frames", "fps", "max_pixels") if getattr(args, k) is not None}
+    with quiet_transformers(args.debug, False):
+        ready = prepare(args, cfg, lookup("schedulers", cfg.scheduler.name).needs_draft)
+        pipe = builder.build()
+    try:
+        if not pipe.can_batch():
+            raise ConfigError(
+                f"scheduler {cfg.scheduler.name!r} has no batched form; serve with auto, serial or autoregressive"
+            )
+        name = args.served_model_name or Path(cfg.target).name
+        service = Service(
+            pipe,
+            ready["tokenizer"],
+            max_batch=args.max_batch,
+            max_queue=args.max_queue,
+            cache_bytes=int(args.cache_gb * (1 << 30)),
+        )
+        app = create_app(service, name, args.media_dir, args.drain, defaults, video)
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            timeout_graceful_shutdown=math.ceil(args.drain),
+        )
+        print(f"hippo serve: {name} on http://{args.host}:{args.port}/v1", flush=True)
+        _Server(config).run()
+    finally:
+        pipe.close()
+    return 0

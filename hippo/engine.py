@@ -1,0 +1,398 @@
+"""The batch engine: live rows decoded together, one speculative round per `step()`, with rows that
+join and leave between rounds (continuous batching).
+
+Notation: p = target, q = draft, γ = draft length, B = live rows, V = vocabulary.
+
+A row is a job (`hippo.interfaces.Job`) that the pipeline builds as `Pipeline.generate` builds it,
+but with plain sessions. `add(job)` prefills it on its own exactly as `generate` prefills it (p on
+the whole prompt or a video context's cached prefix, q on the visual tokens the pipeline's scorer
+and selector keep for that row) and emits its first token; it then joins the rows' stacked caches
+(`hippo.stacked.BatchedCache`) and takes part from the next round on. `step()` runs one round for
+all live rows: q drafts up to γ tokens per row in batched forwards, p verifies every row's block
+in one forward, and each row settles its round as batch 1 does (`hippo.accept.settle`: its own
+`TokenPolicy`, its verifier, the job's EOS and budget rules). A row that finishes, or that
+`cancel` removes, leaves at once and is finished (`Job.finish`).
+
+So each row's answer is its own batch-1 answer whatever else shares its batch: `target.generate`'s
+when greedy, and the same draws from the row's generator as batch 1 with the same γ when sampling.
+γ comes from the pipeline's schedule (`Scheduler.batch_gamma`): a fixed γ, 0 (the target alone),
+or a `hippo.cost.AutoGamma` that re-chooses one γ for all live rows each round. A sampled row keeps
+one fixed γ (`sampled_gamma`) through every round, so a seeded sample does not depend on the rows
+it shares the batch with (greedy rows are exact at any γ).
+
+`Pipeline.generate_batch`, `Pipeline.map`, `hippo batch` and `hippo serve` decode on this loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from hippo.accept import settle
+from hippo.cost import GAMMA_START, AutoGamma, GammaPlan
+from hippo.errors import UnsupportedError
+from hippo.interfaces import Job, prefilling
+from hippo.packed import MAX_ROWS, PackedLinears
+from hippo.proposal import DraftProposal
+from hippo.registry import lookup
+from hippo.session import KVSession, PackedSessions
+from hippo.stacked import BatchedCache
+
+
+class _RowPrefill:
+    """A batch row's session kind: its prefill runs as the role's kind runs it (on the packed weights:
+    `PackedSessions.prefilling`), and its prefilled session stays a plain `KVSession`, which the batch
+    stacks into its own cache (`BatchedCache`, packed by `_packing`)."""
+
+    def __init__(self, kind: Any):
+        self.kind = kind
+
+    def prefilling(self, model: torch.nn.Module) -> Any:
+        return prefilling(self.kind, model)
+
+    def open(self, session: Any, new_tokens: int) -> Any:
+        return session
+
+
+def row_sessions(pipe: Any) -> dict[str, Any]:
+    """The session kinds of a batch's rows, per role (the parts its jobs are built with)."""
+    return {role: None if kind is None else _RowPrefill(kind) for role, kind in pipe.sessions.items()}
+
+
+def _packing(pipe: Any, role: str, model: torch.nn.Module) -> tuple[PackedLinears | None, int]:
+    kind = pipe.sessions.get(role)
+    if isinstance(kind, PackedSessions):
+        return PackedLinears.of(model), kind.max_rows
+    return None, MAX_ROWS
+
+
+def chain_rewrite(drafter: Any) -> Callable[[DraftProposal, int], DraftProposal] | None:
+    """How `drafter` drafts in a batch, or None when it cannot: each row's chain is drawn token by
+    token from q, as the registered `chain` drafter draws it, then passed through the returned
+    function with q's vocabulary size. The `chain` drafter itself changes nothing; another drafter
+    takes part by defining `rewrite_chain(proposal, vocab) -> DraftProposal` (or None: no batched form).
+    """
+    rewrite = getattr(drafter, "rewrite_chain", None)
+    if rewrite is not None:
+        return rewrite
+    if type(drafter) is lookup("drafters", "chain"):
+        return _unchanged
+    return None
+
+
+def _unchanged(proposal: DraftProposal, vocab: int) -> DraftProposal:
+    return proposal
+
+
+def can_batch(pipe: Any) -> bool:
+    """Whether the pipeline's schedule decodes rows together (`Scheduler.batches`), with a drafter
+    that has a batched form where the schedule drafts."""
+    scheduler = pipe.scheduler
+    if not scheduler.batches:
+        return False
+    return not scheduler.needs_draft or chain_rewrite(pipe.drafter) is not None
+
+
+class _Row:
+    """One live row: its job, the tokens its draft consumed after the prompt, its decode seconds."""
+
+    def __init__(self, job: Job, gamma: int | None):
+        self.job = job
+        self.gamma = gamma  # a fixed γ for every round (sampled rows), or None: the batch's
+        self.draft_generated: list[int] = []
+        self.seconds_target = 0.0
+        self.seconds_draft = 0.0
+        self.target_steps = 0  # batched steps of the target alone (γ = 0) while this row was live
+        self.batch_sizes: list[int] = []  # live rows in each round it took part in
+
+
+class _DraftClock:
+    """Seconds per batched draft forward, per batch size B, in this engine."""
+
+    def __init__(self) -> None:
+        self.by_rows: dict[int, tuple[float, int]] = {}
+
+    def add(self, rows: int, seconds: float, forwards: int) -> None:
+        s, n = self.by_rows.get(rows, (0.0, 0))
+        self.by_rows[rows] = (s + seconds, n + forwards)
+
+    def per_forward(self, rows: int) -> float | None:
+        """At B = `rows`, or at the nearest B seen (None before the first draft step)."""
+        seen = [b for b, (_, n) in self.by_rows.items() if n]
+        if not seen:
+            return None
+        s, n = self.by_rows[min(seen, key=lambda b: (abs(b - rows), b))]
+        return s / n
+
+
+class Engine:
+    """The one decode loop of a pipeline's batches (see the module doc).
+
+    `add(job)` prefills a job and lets it join the live rows; `step()` runs one round for all of
+    them and returns the jobs that finished in it; `cancel(job)` removes a live row. `run(jobs)`
+    adds them all and steps until none is live. `sampled_gamma`: the fixed γ of sampled rows
+    (default: the schedule's γ where it is fixed, else `hippo.cost.GAMMA_START`).
+    """
+
+    def __init__(self, pipe: Any, sampled_gamma: int | None = None):
+        if not can_batch(pipe):
+            name = pipe.names.get("scheduler", type(pipe.scheduler).__name__)
+            raise UnsupportedError(
+                f"scheduler {name!r} with drafter {type(pipe.drafter).__name__} has no batched form; "
+                "batched decoding runs a schedule whose `batches` is True ('auto', 'serial', "
+                "'autoregressive') with the 'chain' drafter (or one with `rewrite_chain`)"
+            )
+        self.pipe = pipe
+        self.sampled_gamma = sampled_gamma
+        self.rows: list[_Row] = []
+        self.target: BatchedCache | None = None
+        self.draft: BatchedCache | None = None
+        self.gamma: int | AutoGamma | None = None  # the schedule's form for the batch now live
+        self.plan: GammaPlan | None = None
+        self.rewrite: Callable[[DraftProposal, int], DraftProposal] | None = None
+        self.clock = _DraftClock()
+        self.rounds = 0
+        #: rows the batch is expected to hold when it starts (`Scheduler.batch_gamma` is told)
+        self.expected_rows = 1
+        self._plan_record: dict = {}  # the schedule's record of its choice, put on every row
+        self.seconds_prefill = 0.0  # seconds `add` spent prefilling (the live rows waited meanwhile)
+
+    # ---- rows joining and leaving -------------------------------------------------------------------
+    @property
+    def live(self) -> list[Job]:
+        return [row.job for row in self.rows]
+
+    def add(self, job: Job) -> bool:
+        """Prefill `job` as `generate` does and emit its first token; it joins the live rows (True),
+        or is finished at once when that token ended it (False)."""
+        t0 = time.perf_counter()
+        try:
+            if not self.rows:  # a new batch: the schedule says how it drafts
+                self._start(job)
+            for key, value in self._plan_record.items():  # its choice, on every row
+                job.stats.plan.setdefault(key, value)
+            target = job.prefill_target()
+            job.first_token(target)
+            if job.done:
+                self._finish(_Row(job, None))
+                return False
+            draft = job.prefill_draft() if self.drafting else None
+        except BaseException:
+            job.finish()
+            if not self.rows:
+                self.gamma = self.plan = None
+            raise
+        finally:
+            self.seconds_prefill += time.perf_counter() - t0
+        self._join(job, target, draft)
+        return True
+
+    def _start(self, job: Job) -> None:
+        scheduler = self.pipe.scheduler
+        self.gamma = scheduler.batch_gamma(job, max(self.expected_rows, 1))
+        self._plan_record = dict(job.stats.plan)
+        self.plan = self.gamma.plan(parallel=False) if isinstance(self.gamma, AutoGamma) else None
+        self.rewrite = chain_rewrite(self.pipe.drafter) if self.drafting else None
+
+    @property
+    def drafting(self) -> bool:
+        return self.plan is not None or (isinstance(self.gamma, int) and self.gamma > 0)
+
+    def _join(self, job: Job, target: KVSession, draft: KVSession | None) -> None:
+        pipe, sessions = self.pipe, [target] + ([draft] if draft is not None else [])
+        if self.target is None:
+            self.target = BatchedCache([target], *_packing(pipe, "target", pipe.target))
+            if draft is not None:
+                self.draft = BatchedCache([draft], *_packing(pipe, "draft", pipe.draft))
+        else:
+            self.target.join([target])
+            if draft is not None:
+                self.draft.join([draft])
+        for s in sessions:
+            s.close()  # their caches were copied into the batch
+        gamma = None
+        if job.policy.do_sample and self.drafting:  # a seeded sample must not depend on its batch
+            gamma = self.sampled_gamma or (self.gamma if isinstance(self.gamma, int) else GAMMA_START)
+        self.rows.append(_Row(job, gamma))
+
+    def cancel(self, job: Job) -> bool:
+        """Remove a live row now (its tokens so far stay on the job, which is finished); False when
+        `job` is not live."""
+        for i, row in enumerate(self.rows):
+            if row.job is job:
+                row.job.stats.notes.append("cancelled")
+                self._leave([i])
+                return True
+        return False
+
+    def _leave(self, gone: Sequence[int]) -> list[Job]:
+        """Finish the rows at indices `gone` and drop them from the caches."""
+        gone_set = set(gone)
+        keep = [i for i in range(len(self.rows)) if i not in gone_set]
+        left = [self.rows[i] for i in gone]
+        self.rows = [self.rows[i] for i in keep]
+        if not self.rows:
+            self.target = self.draft = None
+        else:
+            for cache in (self.target, self.draft):
+                if cache is not None:
+                    cache.select(keep)
+        for row in left:
+            self._finish(row)
+        if not self.rows:
+            self.gamma = self.plan = None
+        return [row.job for row in left]
+
+    def _finish(self, row: _Row) -> None:
+        job = row.job
+        job.finish()
+        s = job.stats
+        s.seconds_target_decode, s.seconds_draft_decode = row.seconds_target, row.seconds_draft
+        if row.batch_sizes:
+            s.notes.append(f"decoded in a batch of {max(row.batch_sizes)} rows at most")
+        if self.plan is not None:  # the batch's choices; the row's own α and target-only steps
+            s.target_steps = row.target_steps
+            record, own = self.plan.record(), self.plan.row_acceptance.get(id(s))
+            record.pop("alpha", None)  # the live rows' at the last choice
+            if own is not None:
+                record["alpha"] = own.alpha
+            s.plan["gamma"] = record
+        self.pipe.scheduler.batch_done(job)
+
+    # ---- one round ---------------------------------------------------------------------------------
+    def step(self) -> list[Job]:
+        """One round for every live row; returns the jobs that finished in it."""
+        if not self.rows:
+            return []
+        target, draft, rows = self.target, self.draft, self.rows
+        g = self.gamma if isinstance(self.gamma, int) else 0
+        if self.plan is not None:  # γ for all live rows: the most expected tokens/s of the batch
+            curve = self.plan.auto.batch_curve(target.rows, target.verify_curve)
+            g = self.plan.next(
+                [row.job.stats for row in rows], self.clock.per_forward(target.rows), target, curve
+            )
+        wanted = [g if row.gamma is None else row.gamma for row in rows]  # 0: the target alone
+        gammas = [min(w, row.job.remaining - 1) for w, row in zip(wanted, rows)]  # as batch 1 clamps
+        proposals: list[DraftProposal | None] = [None] * len(rows)
+        if any(wanted):
+            t0, f0 = draft.seconds, draft.forwards
+            drafted = _draft(draft, rows, gammas, self.rewrite)
+            proposals = [p if w else None for p, w in zip(drafted, wanted)]
+            self.clock.add(draft.rows, draft.seconds - t0, draft.forwards - f0)
+            for row in rows:
+                row.seconds_draft += draft.seconds - t0
+        for row, prop in zip(rows, proposals):
+            row.batch_sizes.append(len(rows))
+            if prop is None:
+                row.target_steps += 1
+        t0 = target.seconds
+        _verify(target, rows, proposals)
+        for row in rows:
+            row.seconds_target += target.seconds - t0
+        self.rounds += 1
+        done = [i for i, row in enumerate(rows) if row.job.done]
+        if done:
+            return self._leave(done)
+        for cache in (target, draft):
+            if cache is not None:
+                cache.maybe_compact()
+        return []
+
+    def run(self, jobs: Iterable[Job]) -> None:
+        """Add every job, then step until none is live; every job is finished, even on an error."""
+        pending = list(jobs)
+        if not self.rows:
+            self.expected_rows = len(pending)
+        try:
+            while pending:
+                self.add(pending.pop(0))  # a job whose prefill fails is finished by `add`
+            while self.rows:
+                self.step()
+        except BaseException:
+            for row in list(self.rows):
+                self.cancel(row.job)
+            for job in pending:
+                job.finish()
+            raise
+
+
+def _draft(
+    draft: BatchedCache,
+    rows: Sequence[_Row],
+    gammas: Sequence[int],
+    rewrite: Callable[[DraftProposal, int], DraftProposal],
+) -> list[DraftProposal]:
+    """Each row's chain of `gammas[b]` draft tokens (0: none this round), batched as the `chain`
+    drafter drafts one row: q first catches up on the tokens emitted since it last ran (rolling back
+    what was not accepted), then feeds each of its tokens but the last."""
+    seqs = [row.job.prefix() for row in rows]  # [T] each
+    blocks: list[list[int]] = []
+    for b, row in enumerate(rows):
+        if not gammas[b]:
+            blocks.append([])
+            continue
+        emitted, common = row.job.tokens, 0
+        for x, y in zip(row.draft_generated, emitted):
+            if x != y:
+                break
+            common += 1
+        common = min(common, len(emitted) - 1)  # q's logits after the last emitted token are needed
+        draft.rollback(b, draft.lengths[b] - (len(row.draft_generated) - common))
+        del row.draft_generated[common:]
+        blocks.append(emitted[common:])
+    tokens: list[list[int]] = [[] for _ in rows]
+    qs: list[list[torch.Tensor]] = [[] for _ in rows]
+    vocab = 0
+    for _ in range(max(gammas, default=0)):
+        logits = draft.forward(blocks)  # [B, W, V_q]
+        vocab = int(logits.shape[-1])
+        nxt: list[list[int]] = []
+        for b, row in enumerate(rows):
+            row.draft_generated.extend(blocks[b])
+            if len(tokens[b]) >= gammas[b]:
+                nxt.append([])
+                continue
+            policy = row.job.policy
+            seq = torch.cat([seqs[b], torch.tensor(tokens[b], dtype=torch.long)])
+            scores = policy.process(seq, policy.fit(logits[b, len(blocks[b]) - 1])[None])  # [1, V]
+            if policy.do_sample:
+                q = policy.probs(scores)[0]
+                x = policy.sample(q)
+                qs[b].append(q)
+            else:
+                x = int(scores[0].argmax())
+            tokens[b].append(x)
+            nxt.append([x] if len(tokens[b]) < gammas[b] else [])
+        blocks = nxt
+    out = []
+    for b in range(len(rows)):
+        prop = DraftProposal(
+            tokens=torch.tensor(tokens[b], dtype=torch.long), q=torch.stack(qs[b]) if qs[b] else None
+        )
+        out.append(rewrite(prop, vocab if prop.q is None else int(prop.q.shape[-1])) if prop.size else prop)
+    return out
+
+
+def _verify(target: BatchedCache, rows: Sequence[_Row], proposals: Sequence[DraftProposal | None]) -> None:
+    """One target forward for all rows: each row's pending token and its draft tokens; then each row
+    accepts, rolls back and emits as its batch-1 round (or, without a proposal, its target step)."""
+    blocks = []
+    for b, (row, prop) in enumerate(zip(rows, proposals)):
+        if target.lengths[b] != row.job.length - 1:
+            raise RuntimeError(f"row {b}: p holds {target.lengths[b]} tokens, expected {row.job.length - 1}")
+        blocks.append([row.job.tokens[-1], *([] if prop is None else prop.tokens.tolist())])
+    logits = target.forward(blocks)  # [B, W, V]
+    for b, (row, prop) in enumerate(zip(rows, proposals)):
+        job = row.job
+        if prop is None:  # the target alone, as `Job.target_step`
+            job.step_from(logits[b, :1])
+            continue
+        settle(
+            job,
+            prop,
+            logits[b, : prop.size + 1],
+            lambda path, b=b, T=job.length: target.rollback(b, T + len(path)),
+        )

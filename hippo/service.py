@@ -1,0 +1,343 @@
+"""Many users at once on one pipeline: requests queue, join the batch engine between rounds, stream
+their tokens back and leave when done or cancelled. `hippo serve` puts HTTP in front of it.
+
+One thread (the loop) owns the models: it admits queued requests while the batch has room
+(`max_batch`), prefills each on the pipeline's video context for its video, steps the engine
+(`hippo.engine.Engine`) one round at a time, and delivers every row's new tokens to its `Ticket`.
+Other threads only submit, cancel and read tickets.
+
+- **Video prefix cache.** A request names a video file and frame options; the first request about a
+  (file content, frames, fps, max_pixels) prepares its context (`Pipeline.prepare`: the video
+  encoded and prefilled once) and later ones extend it by their question's tokens (`Turn`). The
+  cache is bounded in bytes (`VideoContext.memory`), least recently used first out. A row keeps its
+  own fork of the cached prefix, so evicting a context never touches a live row.
+- **Overload.** At most `max_queue` requests wait; `submit` raises `Overloaded` past that. A
+  context that cannot fit even after the cache is emptied fails its request with the budget error.
+- **Failures.** A request that cannot be answered (its video, its prompt, its settings) fails
+  alone. An error inside a round fails the rows of that round (their state is unknown); the loop
+  goes on with the requests that come next.
+- **Stopping.** `close(drain)` stops admitting, lets the live rows finish for up to `drain`
+  seconds, then cancels what is left; every ticket ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from hippo.context import Turn
+from hippo.conversation import text_question_ids
+from hippo.errors import HippoError, InputError, MemoryBudgetError, one_line
+
+#: video options that make two requests about one file need two contexts
+VIDEO_OPTIONS = ("frames", "fps", "max_pixels")
+
+
+class Overloaded(HippoError):
+    """The queue is full: retry later."""
+
+
+@attrs.define
+class Request:
+    """One question about one video: `turns` are (user text, assistant answer or None) pairs, the
+    last one unanswered (the first is asked with the video), as `hippo.conversation.messages`."""
+
+    video: str
+    turns: Sequence[tuple[str, str | None]]
+    video_options: dict[str, Any] = attrs.field(factory=dict)  # frames, fps, max_pixels
+    generation: dict[str, Any] = attrs.field(factory=dict)  # max_new_tokens, do_sample, ..., seed
+    stop: Sequence[str] = ()  # stop strings: the answer ends before the first one
+
+
+class Ticket:
+    """A submitted request: its events, in order, through `notify` (default: `events`, a queue).
+
+    Events: ("started", {"prompt_tokens"}) once admitted; ("delta", text, token ids) as tokens are
+    accepted; then ("end", info) or ("error", HippoError). `info`: finish_reason ("stop" or
+    "length"), prompt_tokens, completion_tokens, the answer's text and token ids, and the job's stats.
+    """
+
+    def __init__(self, request: Request, notify: Callable[[tuple], None] | None = None):
+        self.request = request
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.notify = notify or self.events.put
+        self.cancelled = threading.Event()
+        self.submitted = time.perf_counter()
+        self.job: Any = None
+        self.tokens: list[int] = []
+        self.text = ""
+        self.stopped = False  # a stop string was reached: the loop cancels the row
+        self.ended = False
+        self._tokenizer: Any = None
+        self._prompt = True
+
+    def cancel(self) -> None:
+        """Stop decoding this request (its row leaves within one round)."""
+        self.cancelled.set()
+
+    # the job's streamer (`DecodeJob`): put(prompt ids), put(new ids) ..., end()
+    def put(self, ids: Any) -> None:
+        if self._prompt:
+            self._prompt = False
+            return
+        if self.stopped or self.ended:
+            return
+        new = [int(x) for x in ids.reshape(-1).tolist()]
+        self.tokens += new
+        text = self._tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # half a character: wait for the rest
+            return
+        cut = _first_stop(text, self.request.stop, len(self.text))
+        if cut is not None:
+            text, self.stopped = text[:cut], True
+        delta, self.text = text[len(self.text) :], text
+        if delta or new:
+            self.notify(("delta", delta, new))
+
+    def end(self) -> None:
+        pass  # the loop ends the ticket once the job's stats are final
+
+    def finish(self, info: dict[str, Any]) -> None:
+        if not self.ended:
+            self.ended = True
+            self.notify(("end", info))
+
+    def fail(self, error: BaseException) -> None:
+        if not self.ended:
+            self.ended = True
+            self.notify(("error", error))
+
+
+def _first_stop(text: str, stops: Sequence[str], start: int) -> int | None:
+    """Where the first stop string begins in `text` (searching from a little before `start`)."""
+    found = [i for s in stops if s and (i := text.find(s, max(0, start - len(s) + 1))) >= 0]
+    return min(found) if found else None
+
+
+class ContextCache:
+    """Prepared video contexts by (file content, video options), bounded in bytes, LRU."""
+
+    def __init__(self, pipeline: Any, tokenizer: Any, max_bytes: int):
+        self.pipeline, self.tokenizer, self.max_bytes = pipeline, tokenizer, max_bytes
+        self.entries: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+        self.hits = self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(ctx.nbytes for ctx in self.entries.values())
+
+    def get(self, path: str, options: dict[str, Any]) -> Any:
+        key = (_digest(path), *(options.get(k) for k in VIDEO_OPTIONS))
+        ctx = self.entries.get(key)
+        if ctx is not None and not ctx.closed:
+            self.hits += 1
+            self.entries.move_to_end(key)
+            return ctx
+        self.misses += 1
+        while True:
+            try:
+                ctx = self.pipeline.prepare(path, tokenizer=self.tokenizer, **options)
+                break
+            except MemoryBudgetError:
+                if not self.entries:
+                    raise
+                self._evict()
+        self.entries[key] = ctx
+        while len(self.entries) > 1 and self.nbytes > self.max_bytes:
+            self._evict()
+        return ctx
+
+    def _evict(self) -> None:
+        _, ctx = self.entries.popitem(last=False)
+        ctx.close()
+
+    def clear(self) -> None:
+        while self.entries:
+            self._evict()
+
+
+def _digest(path: str) -> str:
+    """The file's content hash (the same bytes under another name share a context)."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as exc:
+        raise InputError(f"cannot read the video {path!r} ({exc.strerror or exc})") from None
+
+
+class Service:
+    """The loop thread and its queue (see the module doc). `submit` a `Request`, read its `Ticket`."""
+
+    def __init__(
+        self,
+        pipeline: Any,
+        tokenizer: Any,
+        *,
+        max_batch: int = 8,
+        max_queue: int = 64,
+        cache_bytes: int = 4 << 30,
+        on_round: Callable[[Service], None] | None = None,  # told after each round (metrics)
+    ):
+        if max_batch < 1 or max_queue < 0:
+            raise InputError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} and {max_queue}")
+        self.pipeline, self.tokenizer = pipeline, tokenizer
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self.contexts = ContextCache(pipeline, tokenizer, cache_bytes)
+        self.engine = pipeline.engine()
+        self.on_round = on_round
+        self.pending: collections.deque[Ticket] = collections.deque()
+        self.live: dict[int, Ticket] = {}  # id(job) -> ticket
+        self.cv = threading.Condition()
+        self.accepting = True
+        self._drain_until: float | None = None
+        self.rounds = 0
+        self.stall_seconds: list[float] = []  # prefills that made live rows wait, each
+        self.thread = threading.Thread(target=self._loop, name="hippo-engine", daemon=True)
+        self.thread.start()
+
+    # ---- other threads ----------------------------------------------------------------------------
+    def submit(self, request: Request, notify: Callable[[tuple], None] | None = None) -> Ticket:
+        """Queue a request; raises Overloaded when `max_queue` requests already wait, InputError when
+        the service is stopping."""
+        ticket = Ticket(request, notify)
+        ticket._tokenizer = self.tokenizer
+        with self.cv:
+            if not self.accepting:
+                raise InputError("the server is shutting down; send the request to another replica")
+            if len(self.pending) >= self.max_queue:
+                raise Overloaded(f"{len(self.pending)} requests are queued (--max-queue); retry shortly")
+            self.pending.append(ticket)
+            self.cv.notify()
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        ticket.cancel()
+        with self.cv:
+            self.cv.notify()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.pending)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.live)
+
+    def close(self, drain: float = 30.0) -> None:
+        """Stop admitting; the live rows get up to `drain` seconds to finish, then are cancelled."""
+        with self.cv:
+            self.accepting = False
+            self._drain_until = time.perf_counter() + drain
+            for ticket in self.pending:
+                ticket.fail(InputError("the server shut down before this request was started"))
+            self.pending.clear()
+            self.cv.notify()
+        self.thread.join()
+        self.contexts.clear()
+
+    # ---- the loop thread --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while not self.pending and not self.live and self.accepting:
+                    self.cv.wait()
+                if not self.accepting and not self.live:
+                    return
+                admit = []
+                while self.pending and len(self.live) + len(admit) < self.max_batch:
+                    admit.append(self.pending.popleft())
+            for ticket in admit:
+                self._admit(ticket)
+            self._cancel_marked()
+            if self._drain_until is not None and time.perf_counter() > self._drain_until:
+                for ticket in list(self.live.values()):
+                    ticket.cancel()
+                self._cancel_marked()
+            if self.live:
+                self._round()
+
+    def _admit(self, ticket: Ticket) -> None:
+        if ticket.cancelled.is_set():
+            ticket.fail(InputError("cancelled before it started"))
+            return
+        req, t0, waiting = ticket.request, time.perf_counter(), bool(self.live)
+        try:
+            ctx = self.contexts.get(req.video, req.video_options)
+            turn = Turn(ctx, text_question_ids(ctx, req.turns))
+            generation = dict(req.generation)
+            seed = generation.pop("seed", None)
+            ticket.job = self.pipeline.job(turn=turn, seed=seed, streamer=ticket, **generation)
+            ticket.notify(("started", {"prompt_tokens": int(turn.prompt_ids.shape[0])}))
+            self.engine.expected_rows = len(self.live) + 1 + len(self.pending)
+            joined = self.engine.add(ticket.job)
+        except HippoError as exc:
+            ticket.fail(exc)
+            return
+        except Exception as exc:  # a bug or a backbone error: this request fails, the server lives
+            ticket.fail(InputError(f"the request failed while preparing it: {one_line(exc)}"))
+            return
+        finally:
+            if waiting:
+                self.stall_seconds.append(time.perf_counter() - t0)
+        if joined:
+            self.live[id(ticket.job)] = ticket
+        else:
+            self._end(ticket)
+
+    def _cancel_marked(self) -> None:
+        for ticket in list(self.live.values()):
+            if ticket.cancelled.is_set() or ticket.stopped:
+                self.engine.cancel(ticket.job)
+                self._end(ticket)
+
+    def _round(self) -> None:
+        try:
+            finished = self.engine.step()
+        except Exception as exc:  # the round's rows are in an unknown state: they fail, not the server
+            error = InputError(f"decoding failed: {one_line(exc)}")
+            for ticket in list(self.live.values()):
+                self.engine.cancel(ticket.job)
+                self.live.pop(id(ticket.job), None)
+                ticket.fail(error)
+            return
+        self.rounds += 1
+        for job in finished:
+            self._end(self.live[id(job)])
+        self._cancel_marked()  # stop strings reached in this round
+        if self.on_round is not None:
+            self.on_round(self)
+
+    def _end(self, ticket: Ticket) -> None:
+        self.live.pop(id(ticket.job), None)
+        job = ticket.job
+        last = job.tokens[-1] if job.tokens else None
+        reason = "stop" if ticket.stopped or (last is not None and last in job.eos_ids) else "length"
+        if ticket.cancelled.is_set() and not ticket.stopped:
+            reason = "cancelled"
+        ticket.finish(
+            {
+                "finish_reason": reason,
+                "prompt_tokens": int(job.prompt_ids.shape[0]),
+                "completion_tokens": len(ticket.tokens),
+                "text": ticket.text,
+                "token_ids": list(ticket.tokens),
+                "stats": job.stats,
+                "seconds": time.perf_counter() - ticket.submitted,
+            }
+        )
+
+
+def check_media(path: str, media_dir: str) -> str:
+    """The real path of `path` if it lies under `media_dir`; PermissionError otherwise."""
+    real, root = os.path.realpath(path), os.path.realpath(media_dir)
+    if os.path.commonpath([real, root]) != root:
+        raise PermissionError(f"{path!r} is outside the media directory; only files under it are read")
+    return real

@@ -1,0 +1,242 @@
+"""B rows' KV caches of one model stacked on the batch dimension, for the batch engine (`hippo.engine`).
+
+Notation: B = rows, S = cache slots, W = tokens one forward feeds per row, V = vocabulary, P =
+position rows (3 for M-RoPE, 1 otherwise).
+
+Each row is prefilled on its own as `generate` prefills it; its batch-1 cache is then copied into
+the stack, padded to the longest and carried with a per-row validity mask of the slots:
+
+- a forward feeds W tokens per row (rows with fewer are padded with masked dummy tokens), each row at
+  its own positions (its adapter's `positions` function), under a 4-D additive mask [B, 1, W, S + W]
+  (the row's valid slots, causal inside the block);
+- keys are stored after their rotary embedding, so the order of slots does not matter: a row rolls
+  back by marking its rejected slots invalid (no crop), and the cache is compacted (each row's valid
+  slots gathered to the front) once the holes pass a threshold;
+- a row joins at any time (`join`: its cache is padded and concatenated) and a finished or
+  cancelled row leaves at once (`select`: `index_select` on the batch dimension), so a row only
+  costs compute while it is live.
+
+Ragged rows are padded (as BASS pads), not flattened into one sequence of all rows' tokens (as
+vLLM feeds its rejection sampler): flattening needs a variable-length attention kernel over paged
+caches, while padding keeps the backbone's own transformers forward, which every adapter's
+exactness already rests on; the padding costs little because a round feeds at most γ + 1 tokens per
+row.
+
+The target's packed linear weights (`hippo.packed`) serve the batched forwards; static-cache
+compiled sessions (`hippo.static`) do not: a batch runs on dynamic caches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from hippo.compat import grouped_query_sdpa
+from hippo.cost import VerifyCurve, time_widths
+from hippo.errors import UnsupportedError
+from hippo.kvcache import SlabLayer
+from hippo.packed import PackedLinears
+from hippo.session import KVSession, embeddable, step_logits
+
+#: compact when at least this share of the cache's slots (beyond the longest row) are holes ...
+COMPACT_SHARE = 0.125
+#: ... and at least this many
+COMPACT_MIN = 16
+
+
+class BatchedCache:
+    """B rows' KV caches of one model, stacked on the batch dimension, each slot valid or not.
+
+    Built from prefilled batch-1 `KVSession`s (their caches are copied; close them afterwards).
+    Row b holds `lengths[b]` logical tokens; `slots[b]` lists the cache slot of each token it
+    consumed after its prompt, in order (rollback invalidates slots from the end).
+    """
+
+    def __init__(self, sessions: Sequence[KVSession], packed: PackedLinears | None = None, max_rows: int = 0):
+        if not sessions:
+            raise ValueError("a batched cache needs at least one row")
+        _check(sessions)
+        first = sessions[0]
+        self.model, self.device, self.direct = first.model, first.device, first.direct
+        self.dtype = next(self.model.parameters()).dtype
+        self.packed, self.max_rows = packed, max_rows
+        self.embedding_rows = first.embedding_rows  # ids past them are fed as the last (`embeddable`)
+        self.cache = first.cache  # its layer objects get the stacked tensors (the sessions are spent)
+        self.positions: list = []
+        self.lengths: list[int] = []
+        self.slots: list[list[int]] = []
+        self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, S]
+        self.seconds = 0.0  # wall-clock seconds in forwards
+        self.forwards = 0
+        self.join(sessions)
+
+    @torch.inference_mode()
+    def join(self, sessions: Sequence[KVSession]) -> None:
+        """Add rows after the live ones: the prefilled batch-1 sessions' caches are copied in (close
+        the sessions afterwards). Every cache is padded to the longest's slots."""
+        _check(sessions)
+        sizes = [s.cache_len() for s in sessions]
+        S = max(self.size, *sizes)
+        for i, layer in enumerate(self.cache.layers):
+            keys = [_pad(layer.keys, S)] if self.rows else []  # [B, H, S, D]
+            values = [_pad(layer.values, S)] if self.rows else []
+            for s in sessions:
+                other = s.cache.layers[i]
+                keys.append(_pad(other.keys, S))  # [1, H, S, D]
+                values.append(_pad(other.values, S))
+            layer.keys, layer.values = torch.cat(keys), torch.cat(values)
+        old = torch.nn.functional.pad(self.valid, (0, S - self.size))  # [B, S]
+        new = torch.arange(S)[None] < torch.tensor(sizes)[:, None]  # [b, S]
+        self.valid = torch.cat([old, new])
+        self.positions += [s.positions for s in sessions]
+        self.lengths += [int(s.length) for s in sessions]
+        self.slots += [[] for _ in sessions]
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def seconds_decode(self) -> float:  # as a session's (`hippo.cost.GammaPlan` times steps with it)
+        return self.seconds
+
+    @property
+    def size(self) -> int:  # S: slots per row
+        return int(self.valid.shape[1])
+
+    @torch.inference_mode()
+    def forward(self, blocks: Sequence[Sequence[int]]) -> torch.Tensor:  # -> logits [B, W, V]
+        """Feed row b the tokens `blocks[b]` at its next logical positions (an empty block: the row
+        only carries dummies this time). Column i of row b's logits follows its token i; columns
+        from `len(blocks[b])` on are dummies, masked from every real token and invalid afterwards.
+        """
+        t0 = time.perf_counter()
+        B, S = self.rows, self.size
+        widths = [len(b) for b in blocks]
+        W = max(widths)
+        if len(blocks) != B or W == 0:
+            raise ValueError(f"forward needs one block per row ({B}) and some token, got widths {widths}")
+        ids = torch.zeros(B, W, dtype=torch.long)
+        for b, toks in enumerate(blocks):
+            ids[b, : len(toks)] = torch.as_tensor(list(toks), dtype=torch.long)
+        ids = embeddable(ids, self.embedding_rows)
+        pos = torch.cat(
+            [fn(n, W) for fn, n in zip(self.positions, self.lengths)], dim=-2
+        )  # [P, B, W] | [B, W]
+        real = torch.arange(W)[None] < torch.tensor(widths)[:, None]  # [B, W]
+        allowed = torch.cat(
+            [
+                self.valid[:, None, :].expand(B, W, S),
+                torch.ones(W, W, dtype=torch.bool).tril().expand(B, W, W),
+            ],
+            dim=-1,
+        )  # [B, W, S + W]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(
+            ~allowed, torch.finfo(self.dtype).min
+        )
+        kernels = self.packed.rows(B * W, self.max_rows) if self.packed is not None else nullcontext()
+        with kernels, grouped_query_sdpa(self.device):
+            logits = step_logits(
+                self.model,
+                self.direct,
+                self.cache,
+                input_ids=ids.to(self.device),
+                position_ids=pos.to(self.device),
+                attention_mask=mask[:, None].to(self.device),
+            )  # [B, W, V]
+        for b, n in enumerate(widths):
+            self.slots[b].extend(range(S, S + n))
+            self.lengths[b] += n
+        self.valid = torch.cat([self.valid, real], dim=1)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.seconds += time.perf_counter() - t0
+        self.forwards += 1
+        return logits
+
+    @torch.inference_mode()
+    def rollback(self, row: int, length: int) -> None:
+        """Forget row `row`'s tokens after its first `length` logical tokens."""
+        drop = self.lengths[row] - length
+        if drop < 0 or drop > len(self.slots[row]):
+            raise ValueError(f"row {row}: cannot roll back from {self.lengths[row]} to {length} tokens")
+        if drop:
+            gone = self.slots[row][-drop:]
+            del self.slots[row][-drop:]
+            self.valid[row, gone] = False
+            self.lengths[row] = length
+
+    def verify_curve(self, widths: Sequence[int], repeats: int = 2) -> VerifyCurve:
+        """t_verify(B, k) of this batch (B = its rows): forwards of k filler tokens in every row, each
+        rolled back and its slots cropped, so the cache ends as it began (`hippo.cost.time_widths`)."""
+        lengths, size = list(self.lengths), self.size
+
+        def restore() -> None:
+            for b, n in enumerate(lengths):
+                self.rollback(b, n)
+            self._crop(size)
+
+        return time_widths(lambda k: self.forward([[0] * k] * self.rows), restore, widths, repeats)
+
+    @torch.inference_mode()
+    def _crop(self, size: int) -> None:
+        """Drop the slots from `size` on (all invalid: rolled back)."""
+        if bool(self.valid[:, size:].any()):
+            raise RuntimeError("cannot crop valid slots")
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, :size], layer.values[:, :, :size]
+        self.valid = self.valid[:, :size]
+
+    @torch.inference_mode()
+    def select(self, rows: Sequence[int]) -> None:
+        """Keep only the rows `rows` (in that order): finished rows leave the batch."""
+        if list(rows) == list(range(self.rows)):
+            return
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        for layer in self.cache.layers:
+            i = idx.to(layer.keys.device)
+            layer.keys, layer.values = layer.keys.index_select(0, i), layer.values.index_select(0, i)
+        self.valid = self.valid.index_select(0, idx)
+        self.positions = [self.positions[r] for r in rows]
+        self.lengths = [self.lengths[r] for r in rows]
+        self.slots = [self.slots[r] for r in rows]
+        self.maybe_compact()
+
+    @torch.inference_mode()
+    def maybe_compact(self) -> None:
+        """Gather each row's valid slots to the front when the holes pass the threshold."""
+        counts = self.valid.sum(1)  # [B]
+        keep = int(counts.max()) if self.rows else 0
+        holes = self.size - keep
+        if holes < max(COMPACT_MIN, COMPACT_SHARE * self.size):
+            return
+        order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :keep]  # [B, keep]
+        rank = self.valid.long().cumsum(1) - 1  # [B, S]: new slot of each valid slot
+        for layer in self.cache.layers:
+            B, H, _, D = layer.keys.shape
+            g = order.to(layer.keys.device)[:, None, :, None].expand(B, H, keep, D)
+            layer.keys, layer.values = layer.keys.gather(2, g), layer.values.gather(2, g)
+        self.slots = [rank[b, s].tolist() for b, s in enumerate(self.slots)]
+        self.valid = torch.arange(keep)[None] < counts[:, None]  # [B, keep]
+
+
+def _check(sessions: Sequence[KVSession]) -> None:
+    for s in sessions:
+        if not isinstance(s, KVSession) or getattr(s.cache, "layers", None) is None:
+            raise UnsupportedError(
+                f"batched decoding needs prefilled KVSessions with a transformers DynamicCache, got "
+                f"{type(s).__name__}; build the pipeline without static-cache sessions"
+            )
+        for layer in s.cache.layers:
+            if type(layer) not in (DynamicLayer, SlabLayer):
+                raise UnsupportedError(
+                    f"batched decoding stacks full-attention cache layers only, got {type(layer).__name__}"
+                )
+
+
+def _pad(t: torch.Tensor, slots: int) -> torch.Tensor:  # [B, H, S', D] -> [B, H, slots, D]
+    return torch.nn.functional.pad(t, (0, 0, 0, slots - t.shape[-2]))

@@ -1,0 +1,289 @@
+"""`hippo serve` live on 127.0.0.1, driven by the real `openai` client (tiny float64 checkpoints).
+
+One server process serves the whole module (starting one costs seconds): concurrent requests,
+streamed or not, about two videos, each token-identical to the target's own `generate`; a seeded
+sampled request that reproduces whatever shares its batch; bad requests answered with OpenAI's
+error JSON and the right status, after which the server is still healthy; a flood past the queue
+answered 429 with Retry-After; a client that disconnects mid-stream freeing its row; and last,
+SIGTERM draining the request in flight and exiting 0.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import hippo
+from hippo.media.inputs import load_video_inputs
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("av")
+from tiny_checkpoint import save_checkpoint, write_video  # noqa: E402
+
+MAX_PIXELS = 3136
+MODEL = "tiny"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    media = root / "media"
+    media.mkdir()
+    env = {
+        "target": save_checkpoint(root / "target", dtype=torch.float64),
+        "draft": save_checkpoint(root / "draft", role="draft", seed=1, dtype=torch.float64),
+        "long": write_video(media / "long.mp4", n=16, fps=8),
+        "short": write_video(media / "short.mp4", n=8, fps=8),
+        "outside": write_video(root / "outside.mp4", n=8, fps=8),
+        "media": media,
+    }
+    port = _free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "hippo.cli",
+        "serve",
+        "--target",
+        str(env["target"]),
+        "--draft",
+        str(env["draft"]),
+        "--max-pixels",
+        str(MAX_PIXELS),
+        "--max-new-tokens",
+        "8",
+        "--scheduler",
+        "serial",
+        "--gamma",
+        "3",
+        "--media-dir",
+        str(media),
+        "--port",
+        str(port),
+        "--max-batch",
+        "4",
+        "--max-queue",
+        "6",
+        "--served-model-name",
+        MODEL,
+        "--drain",
+        "20",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"the server did not start: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.2)
+    env.update(
+        proc=proc, base=base, client=openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    )
+    yield env
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def messages(video: Path, question: str) -> list[dict]:
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "video_url", "video_url": {"url": f"file://{video}"}},
+                {"type": "text", "text": question},
+            ],
+        }
+    ]
+
+
+def ask(server, video, question, stream=False, **kw):
+    """(text, hippo extras, finish_reason) through the openai client."""
+    client = server["client"]
+    if not stream:
+        r = client.chat.completions.create(model=MODEL, messages=messages(video, question), **kw)
+        return r.choices[0].message.content, r.model_extra["hippo"], r.choices[0].finish_reason, r.usage
+    text, last = [], None
+    for chunk in client.chat.completions.create(
+        model=MODEL, messages=messages(video, question), stream=True, **kw
+    ):
+        if chunk.choices and chunk.choices[0].delta.content:
+            text.append(chunk.choices[0].delta.content)
+        last = chunk
+    return "".join(text), last.model_extra["hippo"], last.choices[0].finish_reason, last.usage
+
+
+def test_concurrent_answers_equal_the_targets_own(server):
+    """Six requests at once (two videos, streamed and not, other frame counts, a second question on
+    a video already prepared): each answer's tokens are `target.generate`'s on that prompt alone."""
+    pipe = (
+        hippo.PipelineBuilder().target(str(server["target"]), dtype=torch.float64).scheduler("autoregressive")
+    )
+    pipe = pipe.build()
+    cases = [
+        ("long", "describe the video .", False, {}),
+        ("short", "what happens ?", True, {}),
+        ("long", "is there a red square ?", True, {"max_tokens": 5}),
+        ("short", "describe the video .", False, {"extra_body": {"frames": 4}}),
+        ("long", "what happens ?", False, {"temperature": 0}),
+        ("short", "what happens ?", False, {"stop": ["zzz"]}),
+    ]
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+        futures = [pool.submit(ask, server, server[v], q, s, **kw) for v, q, s, kw in cases]
+        answers = [f.result() for f in futures]
+    for (video, question, _, kw), (text, extra, finish, usage) in zip(cases, answers):
+        frames = kw.get("extra_body", {}).get("frames")
+        inputs = load_video_inputs(
+            pipe.target_adapter, server[video], question, frames=frames, max_pixels=MAX_PIXELS
+        )
+        L = inputs["input_ids"].shape[1]
+        with torch.inference_mode():
+            ref = pipe.target.generate(**inputs, max_new_tokens=kw.get("max_tokens", 8), do_sample=False)
+        assert extra["token_ids"] == ref[0, L:].tolist(), (video, question)
+        assert usage.prompt_tokens == L and usage.completion_tokens == len(extra["token_ids"])
+        assert finish in ("stop", "length") and text == pipe_text(server, extra["token_ids"])
+    metrics = httpx.get(f"{server['base']}/metrics").text
+    assert 'hippo_requests_total{status="ok"}' in metrics and "hippo_batch_size" in metrics
+
+
+def pipe_text(server, ids):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(server["target"])).decode(ids, skip_special_tokens=True)
+
+
+def test_a_seeded_sample_reproduces_whatever_shares_its_batch(server):
+    sampled = {"temperature": 1.5, "seed": 11, "max_tokens": 8}
+    alone = ask(server, server["short"], "what happens ?", **sampled)[1]["token_ids"]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        crowd = [pool.submit(ask, server, server["long"], "describe the video .", True) for _ in range(2)]
+        again = pool.submit(ask, server, server["short"], "what happens ?", **sampled)
+        assert again.result()[1]["token_ids"] == alone
+        [f.result() for f in crowd]
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ("{not json", 400, None),
+        ({"model": "other", "messages": "M"}, 404, "model"),
+        ({"model": MODEL, "messages": "OUTSIDE"}, 403, "messages[0].content[0].video_url.url"),
+        ({"model": MODEL, "messages": "MISSING"}, 400, "messages[0].content[0].video_url.url"),
+        ({"model": MODEL, "messages": "HTTP"}, 403, "messages[0].content[0].video_url.url"),
+        ({"model": MODEL, "messages": "IMAGE"}, 400, "messages[0].content[1].type"),
+        ({"model": MODEL, "messages": "NOVIDEO"}, 400, "messages[0].content"),
+        ({"model": MODEL, "messages": "M", "temperature": -1}, 400, "temperature"),
+        ({"model": MODEL, "messages": "M", "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": MODEL, "messages": "M", "frames": 100000}, 400, None),  # longer than the context
+        ({"model": MODEL}, 400, "messages"),
+    ],
+)
+def test_bad_requests_get_openai_errors_and_the_server_stays_healthy(server, body, status, param):
+    video = f"file://{server['short']}"
+    parts = {
+        "M": messages(server["short"], "what happens ?"),
+        "OUTSIDE": messages(server["outside"], "what happens ?"),
+        "MISSING": messages(server["media"] / "nope.mp4", "what happens ?"),
+        "HTTP": [
+            {"role": "user", "content": [{"type": "video_url", "video_url": {"url": "http://x/v.mp4"}}]}
+        ],
+        "IMAGE": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "video_url", "video_url": {"url": video}},
+                    {"type": "image_url", "image_url": {"url": video}},
+                ],
+            }
+        ],
+        "NOVIDEO": [{"role": "user", "content": "hi"}],
+    }
+    if isinstance(body, dict) and "messages" in body:
+        body = {**body, "messages": parts[body["messages"]]}
+    data = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(
+        f"{server['base']}/v1/chat/completions", content=data, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"] and error["code"] == status
+    if param is not None:
+        assert error["param"] == param, error
+    assert httpx.get(f"{server['base']}/health").json() == {"status": "ok"}
+
+
+def test_a_flood_past_the_queue_gets_429_and_the_rest_are_answered(server):
+    def one(_):
+        r = httpx.post(
+            f"{server['base']}/v1/chat/completions",
+            timeout=120,
+            json={
+                "model": MODEL,
+                "messages": messages(server["long"], "describe the video ."),
+                "max_tokens": 8,
+            },
+        )
+        return r.status_code, r.headers.get("retry-after")
+
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        results = list(pool.map(one, range(24)))
+    codes = [c for c, _ in results]
+    assert set(codes) <= {200, 429} and codes.count(429) >= 1 and codes.count(200) >= 4, codes
+    assert all(retry == "1" for c, retry in results if c == 429)
+
+
+def test_a_client_that_disconnects_frees_its_row(server):
+    body = {
+        "model": MODEL,
+        "messages": messages(server["long"], "describe the video ."),
+        "max_tokens": 8,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server['base']}/v1/chat/completions", json=body) as r:
+        next(r.iter_lines())  # the first chunk, then hang up
+    deadline = time.time() + 30
+    while True:
+        metrics = httpx.get(f"{server['base']}/metrics").text
+        if "hippo_batch_size 0.0" in metrics:
+            break
+        assert time.time() < deadline, metrics
+        time.sleep(0.1)
+    assert httpx.get(f"{server['base']}/health").json() == {"status": "ok"}
+
+
+def test_sigterm_drains_the_request_in_flight_and_exits_0(server):
+    """Last: SIGTERM while a streamed answer is being decoded; it still ends whole, then exit 0."""
+    proc = server["proc"]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(ask, server, server["long"], "describe the video .", True)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        text, extra, finish, _ = future.result(timeout=60)
+    assert finish in ("stop", "length") and extra["token_ids"]
+    assert proc.wait(timeout=60) == 0
+    if os.name == "posix":
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{server['base']}/health", timeout=2)
