@@ -53,6 +53,16 @@ GAMMA_MAX = 16
 GAMMA_START = 5
 #: Each round's weight in α shrinks by this factor with every later round (about the last 5 rounds count).
 DECAY = 0.8
+#: α before any round is seen, as strong as PRIOR_CHECKED checked tokens
+PRIOR_ALPHA = 0.5
+PRIOR_CHECKED = 2.0
+
+
+def calibration_widths(gamma_max: int) -> list[int]:
+    """The widths k a calibration times t_verify(k) at: 1, 2, 4, 8 up to γ_max, and γ_max + 1."""
+    return sorted({k for k in (1, 2, 4, 8) if k <= gamma_max} | {gamma_max + 1})
+
+
 #: Target-only steps after drafting first loses; doubled after each probe that still loses, up to the max.
 BACKOFF_START = 4
 BACKOFF_MAX = 256
@@ -198,18 +208,18 @@ def costs_option(instance: Any, attribute: Any, value: dict | None) -> None:
 
 class Acceptance:
     """α = accepted / checked over the rounds seen so far, each round's counts shrinking by `DECAY` per
-    later round. A round checked its accepted tokens plus the rejected one, if any. The prior, 1
-    accepted of 2 checked (α = 1/2), shrinks like an old round: a draft that is never right drives α
+    later round. A round checked its accepted tokens plus the rejected one, if any. The prior
+    (`PRIOR_ALPHA` of `PRIOR_CHECKED` tokens: 1 accepted of 2 checked) shrinks like an old round: a draft that is never right drives α
     towards 0 (0.08 after 5 rounds), not towards a floor set by the prior."""
 
-    def __init__(self, accepted: float = 1.0, checked: float = 2.0):
+    def __init__(self, accepted: float = PRIOR_ALPHA * PRIOR_CHECKED, checked: float = PRIOR_CHECKED):
         self.accepted, self.checked = accepted, checked
         self.seen = 0  # rounds of the job's stats already counted
 
     @classmethod
     def starting_at(cls, alpha: float) -> Acceptance:
-        """A prior of α = `alpha`, as strong as the default one (2 checked tokens)."""
-        return cls(2.0 * alpha, 2.0)
+        """A prior of α = `alpha`, as strong as the default one (`PRIOR_CHECKED` checked tokens)."""
+        return cls(PRIOR_CHECKED * alpha, PRIOR_CHECKED)
 
     def update(self, stats: Stats) -> float:
         rounds = zip(stats.accepted_per_round[self.seen :], stats.rejected_per_round[self.seen :])
@@ -234,16 +244,16 @@ class AutoGamma:
         self.curve: VerifyCurve | None = None
         self.t_draft: float | None = None  # fixed seconds per draft token (None: measured per call)
         self.batch_curves: dict[int, VerifyCurve] = {}  # B -> t_verify(B, k), measured on batches
-        #: α a new plan (and each row of a batch's) starts from: the `auto` scheduler sets it to the
-        #: α of its pipeline's earlier jobs, so a draft known to agree drafts long once q is timed
-        self.prior = 0.5
+        #: α a new plan (and each row of a batch's) starts from unless the job names its own
+        #: (`DecodeJob.alpha_prior`: `auto` sets the α of its pipeline's earlier jobs there)
+        self.prior = PRIOR_ALPHA
         if costs is not None:
             self.curve, self.t_draft = fixed_costs(costs)
 
     @property
     def widths(self) -> list[int]:
-        """The widths k a calibration times: 1, 2, 4, 8 up to γ_max, and γ_max + 1."""
-        return sorted({k for k in (1, 2, 4, 8) if k <= self.gamma_max} | {self.gamma_max + 1})
+        """The widths k a calibration times (`calibration_widths`)."""
+        return calibration_widths(self.gamma_max)
 
     def calibrate(self, target: ModelSession, prefix: torch.Tensor) -> None:  # prefix [T]
         """Measure t_verify once (the first call with this scheduler); later calls keep the curve."""
@@ -271,10 +281,11 @@ class AutoGamma:
         share = (rows - lo) / (hi - lo)
         return VerifyCurve({k: known[lo](k) + share * (known[hi](k) - known[lo](k)) for k in self.widths})
 
-    def plan(self, parallel: bool | None = None) -> GammaPlan:
+    def plan(self, parallel: bool | None = None, prior: float | None = None) -> GammaPlan:
         """A new job's (or batch's) plan; `parallel`: whether its draft works while the target does
-        (default: the scheduler's kind)."""
-        return GammaPlan(self, self.parallel if parallel is None else parallel)
+        (default: the scheduler's kind); `prior`: the α it starts from (default `self.prior`, 1/2;
+        a job's `alpha_prior` where a scheduler that knows better, `auto`, set it)."""
+        return GammaPlan(self, self.parallel if parallel is None else parallel, prior)
 
 
 class GammaPlan:
@@ -282,9 +293,9 @@ class GammaPlan:
 
     A batch's plan picks one γ per round for all its live rows (`next` with one `Stats` per row)."""
 
-    def __init__(self, auto: AutoGamma, parallel: bool):
+    def __init__(self, auto: AutoGamma, parallel: bool, prior: float | None = None):
         self.auto, self.parallel = auto, parallel
-        self.prior = auto.prior
+        self.prior = auto.prior if prior is None else prior
         self.acceptance = Acceptance.starting_at(self.prior)
         self.row_acceptance: dict[int, Acceptance] = {}  # a batch's rows, by id of their Stats
         self.idle = 0  # target-only steps left before the next probe round

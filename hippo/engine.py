@@ -34,7 +34,7 @@ import torch
 from hippo.accept import settle
 from hippo.cost import GAMMA_START, AutoGamma, GammaPlan
 from hippo.errors import UnsupportedError
-from hippo.interfaces import Job, prefilling
+from hippo.interfaces import Job, common_prefix, prefilling
 from hippo.packed import MAX_ROWS, PackedLinears
 from hippo.proposal import DraftProposal
 from hippo.registry import lookup
@@ -194,7 +194,9 @@ class Engine:
         scheduler = self.pipe.scheduler
         self.gamma = scheduler.batch_gamma(job, max(self.expected_rows, 1))
         self._plan_record = dict(job.stats.plan)
-        self.plan = self.gamma.plan(parallel=False) if isinstance(self.gamma, AutoGamma) else None
+        self.plan = None
+        if isinstance(self.gamma, AutoGamma):
+            self.plan = self.gamma.plan(parallel=False, prior=getattr(job, "alpha_prior", None))
         self.rewrite = chain_rewrite(self.pipe.drafter) if self.drafting else None
 
     @property
@@ -334,12 +336,9 @@ def _draft(
         if not gammas[b]:
             blocks.append([])
             continue
-        emitted, common = row.job.tokens, 0
-        for x, y in zip(row.draft_generated, emitted):
-            if x != y:
-                break
-            common += 1
-        common = min(common, len(emitted) - 1)  # q's logits after the last emitted token are needed
+        emitted = row.job.tokens
+        # q's logits after the last emitted token are needed: it is fed again if q has it already
+        common = min(common_prefix(row.draft_generated, emitted), len(emitted) - 1)
         draft.rollback(b, draft.lengths[b] - (len(row.draft_generated) - common))
         del row.draft_generated[common:]
         blocks.append(emitted[common:])
@@ -355,15 +354,10 @@ def _draft(
             if len(tokens[b]) >= gammas[b]:
                 nxt.append([])
                 continue
-            policy = row.job.policy
             seq = torch.cat([seqs[b], torch.tensor(tokens[b], dtype=torch.long)])
-            scores = policy.process(seq, policy.fit(logits[b, len(blocks[b]) - 1])[None])  # [1, V]
-            if policy.do_sample:
-                q = policy.probs(scores)[0]
-                x = policy.sample(q)
+            x, q = row.job.policy.draft_token(seq, logits[b, len(blocks[b]) - 1])
+            if q is not None:
                 qs[b].append(q)
-            else:
-                x = int(scores[0].argmax())
             tokens[b].append(x)
             nxt.append([x] if len(tokens[b]) < gammas[b] else [])
         blocks = nxt

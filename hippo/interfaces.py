@@ -54,6 +54,17 @@ def make_config(config_cls: type, options: dict[str, Any], owner: str) -> Any:
         raise ConfigError(f"{owner}: {exc}") from exc
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share: what a session that consumed `a` keeps when the
+    sequence is now `b` (a draft catching up after a round rejected its tokens)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class ModelSession(ABC):
     """One model with its KV cache, fed token by token after its prefill.
 
@@ -138,11 +149,7 @@ class ModelSession(ABC):
     def sync(self, prefix: torch.Tensor) -> torch.Tensor:  # prefix [T] -> logits [V]
         """Roll back to the longest common prefix with `prefix`, feed the rest, return the last logits."""
         new = prefix[self.prompt_length :].tolist()
-        common = 0
-        for a, b in zip(self.generated, new):
-            if a != b:
-                break
-            common += 1
+        common = common_prefix(self.generated, new)
         self.rollback(self.prompt_length + common)
         if common < len(new):
             self.forward(torch.tensor(new[common:], dtype=torch.long))
@@ -269,6 +276,7 @@ class Job(Protocol):
     remaining: int  # tokens still allowed
     stats: Stats
     policy: TokenPolicy
+    alpha_prior: float | None  # the α a `gamma="auto"` plan starts from (None: the default, 1/2)
 
     def prefix(self) -> torch.Tensor: ...  # [T] prompt + emitted tokens
     def prefill_target(self) -> ModelSession: ...

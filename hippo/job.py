@@ -129,6 +129,9 @@ class DecodeJob:
         self.stats = Stats()
         self.done = max_new_tokens <= 0
         self.kept: torch.Tensor | None = None
+        #: the α a `gamma="auto"` plan of this job starts from (None: the plan's default, 1/2); a
+        #: scheduler that runs the job through another one sets it (`auto`: its earlier jobs' α)
+        self.alpha_prior: float | None = None
         self._t0 = time.perf_counter()
         self._target: ModelSession | None = None
         self._target_encoded = None

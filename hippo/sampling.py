@@ -177,6 +177,19 @@ class TokenPolicy:
             return int(torch.argmax(scores))
         return self.sample(self.probs(scores[None])[0])
 
+    def draft_token(
+        self,
+        seq: torch.Tensor,  # [T'] the sequence the draft token follows
+        logits: torch.Tensor,  # [V_q] q's raw logits after `seq`
+    ) -> tuple[int, torch.Tensor | None]:
+        """q's next token, processed as p's are: drawn from q's law when sampling (the law [V_p]
+        returned, for the rejection test), else q's argmax (None). One place for every drafter."""
+        scores = self.process(seq, self.fit(logits)[None])  # [1, V_p]
+        if self.do_sample:
+            q = self.probs(scores)[0]
+            return self.sample(q), q
+        return int(scores[0].argmax()), None
+
     def sample(self, probs: torch.Tensor) -> int:  # probs [V]
         return int(torch.multinomial(probs.cpu(), 1, generator=self.generator))
 

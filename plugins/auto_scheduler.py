@@ -43,6 +43,7 @@ from hippo.cost import (
     Acceptance,
     AutoGamma,
     VerifyCurve,
+    calibration_widths,
     costs_option,
     fixed_costs,
     measure_verify_curve,
@@ -168,7 +169,7 @@ def measure(job: DecodeJob, gamma_max: int) -> Costs:
     kept visual tokens; every session ends as it began (the job then runs as usual)."""
     target = job.prefill_target()
     prefix = job.prefix()  # [T] the prompt
-    widths = sorted({k for k in (1, 2, 4, 8) if k <= gamma_max} | {gamma_max + 1})
+    widths = calibration_widths(gamma_max)
     verify = measure_verify_curve(target, prefix, widths, repeats=3).seconds
     side = job.new_draft_side()
     try:
@@ -274,9 +275,8 @@ class AutoScheduler(Scheduler):
     def run(self, job: DecodeJob) -> None:
         name, record = self.choose(job)
         job.stats.plan.update(record)
-        scheduler = self._scheduler(name)
-        self._start_at(getattr(scheduler, "auto", None))
-        scheduler.run(job)
+        job.alpha_prior = self.acceptance.alpha
+        self._scheduler(name).run(job)
         self._carry(job)
 
     batches = True
@@ -288,7 +288,8 @@ class AutoScheduler(Scheduler):
         α of this pipeline's earlier jobs) and recorded on `job.stats.plan`."""
         name, record = self.choose(job, batch=rows)
         job.stats.plan.update(record)
-        return 0 if name == "autoregressive" else self._start_at(self._batch_gamma())
+        job.alpha_prior = self.acceptance.alpha
+        return 0 if name == "autoregressive" else self._batch_gamma()
 
     def batch_done(self, job: DecodeJob) -> None:
         self._carry(job)
@@ -297,12 +298,6 @@ class AutoScheduler(Scheduler):
         """Count the job's rounds in the α the pipeline's next job starts from."""
         self.acceptance.update(job.stats)
         self.acceptance.seen = 0
-
-    def _start_at(self, auto: AutoGamma | None) -> AutoGamma | None:
-        """Let the γ chooser's next plans start from the α of this pipeline's earlier jobs."""
-        if auto is not None:
-            auto.prior = self.acceptance.alpha
-        return auto
 
     def _batch_gamma(self) -> AutoGamma:
         """The batches' γ chooser, kept across batches (its t_verify(B, k) per batch size B): the

@@ -20,13 +20,9 @@ class ChainDrafter(Drafter):
         logits = session.sync(prefix)  # [V]
         seq, tokens, qs = prefix, [], []
         for i in range(gamma):
-            scores = policy.process(seq, policy.fit(logits)[None])  # [1, V_p]
-            if policy.do_sample:
-                q = policy.probs(scores)[0]
-                x = policy.sample(q)
+            x, q = policy.draft_token(seq, logits)
+            if q is not None:
                 qs.append(q)
-            else:
-                x = int(scores[0].argmax())
             tokens.append(x)
             seq = torch.cat([seq, torch.tensor([x])])
             if should_stop is not None and should_stop():

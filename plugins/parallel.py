@@ -153,7 +153,7 @@ class ParallelScheduler(Scheduler):
             if self.auto is not None:
                 self.auto.calibrate(target, job.prefix())  # once per pipeline
                 # q's time counts beside p's only where q works while p does (a thread or a process)
-                plan = self.auto.plan(parallel=worker.overlapped)
+                plan = self.auto.plan(parallel=worker.overlapped, prior=job.alpha_prior)
             if unverified is None:
                 job.first_token(target)
             while not job.done:

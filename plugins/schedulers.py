@@ -59,7 +59,7 @@ class SerialScheduler(Scheduler):
         plan = None
         if self.auto is not None:
             self.auto.calibrate(target, job.prefix())  # once per pipeline
-            plan = self.auto.plan()
+            plan = self.auto.plan(prior=job.alpha_prior)
         while not job.done:
             gamma = (
                 self.config.gamma if plan is None else plan.next(job.stats, draft.seconds_per_forward, target)
