@@ -4,7 +4,8 @@
 with its report) and raises a HippoError for bad usage (exit 2): an unknown name, a name registered
 under several kinds without `kind`, a part that cannot be built with its defaults (the message names
 the missing options), a plugin whose registration hook raises (the message names its distribution).
-With `sampling`, the law test (`assert_sampling_exact`) runs on its default case; a verifier of token
+The batch check (`hippo.testing.batch`) follows: the part inside a continuous batch, with rows joining
+mid-flight and cancelled. With `sampling`, the law test (`assert_sampling_exact`) runs on its default case; a verifier of token
 trees (one with `Verifier.trees`) is given the tree drafter, and tree parts are first checked with
 TREE_SETTINGS, where siblings are tested.
 """
@@ -146,6 +147,7 @@ def check_plugin(
     """Run the greedy harness (and with `sampling` the law test) on the part registered as `name`."""
     from hypothesis.errors import Flaky
 
+    from hippo.testing.batch import assert_batch_lossless
     from hippo.testing.greedy import assert_greedy_lossless
     from hippo.testing.models import tiny_adapters
     from hippo.testing.report import LosslessViolation, VacuousCheck
@@ -179,6 +181,13 @@ def check_plugin(
     try:
         greedy = assert_greedy_lossless(build, adapters=adapters, examples=examples, seed=seed, shrink=shrink)
         res.lines.append(f"greedy: lossless on {greedy.summary()}")
+        # inside a continuous batch, rows joining mid-flight and cancelled: half as many examples (each
+        # is a batch of 2-4 rows); whether rows joined and were cancelled is judged from 8 on
+        n = max(1, examples // 2)
+        batch = assert_batch_lossless(
+            build, adapters=adapters, examples=n, seed=seed, shrink=shrink, require=n >= 8
+        )
+        res.lines.append(f"batched: lossless on {batch.summary()}")
         if sampling:
             tree = (kind == "verifiers" and is_tree_verifier(part_class(kind, name))) or (
                 kind == "drafters" and name == "tree"

@@ -19,6 +19,7 @@ import hippo.stacked as hst
 from hippo.errors import UnsupportedError
 from hippo.rows import pad_rows
 from hippo.testing import assert_sampling_exact
+from hippo.testing import batch as batch_check
 from hippo.testing import models as hm
 from hippo.testing import params as hp
 from hippo.testing import reference as hr
@@ -455,25 +456,18 @@ def test_grouped_query_attention_is_scoped_to_hippos_masked_forwards(monkeypatch
 
 def run_arrivals(pipe, target, prompts, gens, arrive, cancel, seen) -> None:
     """Rows join the engine at round `arrive[i]` and row i is cancelled `cancel[i]` rounds after it
-    joined (None: never); then each row is checked against its own decoding alone."""
-    engine = pipe.engine()
-    jobs = [pipe.job(p.inputs, **g) for p, g in zip(prompts, gens)]
-    added: dict[int, int] = {}  # row -> round it joined
-    t = 0
-    while len(added) < len(jobs) or engine.live:
-        for i, job in enumerate(jobs):
-            if i not in added and arrive[i] <= t:
-                seen["joined_live"] += bool(engine.live)
-                engine.add(job)
-                added[i] = t
-        for i, job in enumerate(jobs):
-            if i in added and cancel[i] is not None and t == added[i] + cancel[i] and engine.cancel(job):
-                seen["cancelled"] += 1
-        engine.step()
-        t += 1
-    for job, p, g in zip(jobs, prompts, gens):
+    joined (None: never) (`hippo.testing.batch.run_arrivals`); then each row is checked against its
+    own decoding alone: `target.generate` when greedy, `generate` with its seed when sampled."""
+    seeds = [g.get("seed") for g in gens]
+    gens = [{k: v for k, v in g.items() if k != "seed"} for g in gens]
+    jobs, counts = batch_check.run_arrivals(
+        pipe, [(p.inputs, g) for p, g in zip(prompts, gens)], arrive, cancel, seeds
+    )
+    seen["joined_live"] += counts["joined_live"]
+    seen["cancelled"] += counts["cancelled"]
+    for job, p, g, seed in zip(jobs, prompts, gens, seeds):
         if g["do_sample"]:  # the same draws as the row's own generate with its seed
-            ref = hr.new_tokens(pipe.generate(p.inputs, **g).sequences, p.length)
+            ref = hr.new_tokens(pipe.generate(p.inputs, seed=seed, **g).sequences, p.length)
             seen["sampled"] += 1
         else:
             ref = hr.new_tokens(hr.reference(target, p.inputs, **g), p.length)
@@ -523,3 +517,24 @@ def test_rows_joining_and_leaving_mid_flight_equal_their_own_generate(adapter, c
 
     check()
     assert all(seen.values()), f"vacuous: {seen}"
+
+
+def test_the_batch_check_passes_the_engine_and_catches_a_row_that_never_rolls_back(monkeypatch):
+    """`hippo.testing.batch` (what `hippo check` runs inside a batch): the honest engine passes with
+    rows joining mid-flight and cancelled; an engine whose second row keeps its rejected KV fails."""
+    from hippo.testing.report import LosslessViolation
+
+    def build(case):
+        return case.builder(scheduler="serial")
+
+    ok = batch_check.assert_batch_lossless(build, adapters="qwen2_5_vl", examples=8, seed=1)
+    assert ok.examples == 8 and ok.joined_live and ok.cancelled
+    real = hst.BatchedCache.rollback
+
+    def never_for_row_1(cache, row, length):
+        if row != 1:
+            real(cache, row, length)
+
+    monkeypatch.setattr(hst.BatchedCache, "rollback", never_for_row_1)
+    with pytest.raises(LosslessViolation, match="batched check FAILED"):
+        batch_check.assert_batch_lossless(build, adapters="qwen2_5_vl", examples=8, seed=1, shrink=False)
