@@ -534,9 +534,9 @@ def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
             "record that cannot be answered (bad JSON, a missing field, a duplicate id, a missing or corrupt "
             "video, a prompt longer than the context) gets {id, line, error} with the message `hippo "
             "generate` prints, and the run goes on. Records are read --window ahead, sorted by prompt "
-            "length (visual tokens included) and cut into batches of --batch-size similar lengths for a "
-            "batched engine: greedy rows are decoded together on the auto, serial or autoregressive schedule "
-            "(stacked caches, per-row rollback), other rows (sampled, or another schedule) one after another."
+            "length (visual tokens included) and continuously batched: on the auto, serial or autoregressive "
+            "schedule up to --batch-size greedy rows decode together (stacked caches, per-row rollback), a "
+            "finished row's place taken by the next; other rows (sampled, or another schedule) one after another."
         ),
         epilog=(
             "Resuming: run the same command again; ids answered in OUT are skipped, so a killed run loses "
@@ -557,8 +557,8 @@ def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         type=int,
         default=4,
         metavar="N",
-        help="records per batch of similar lengths (default: %(default)s; greedy rows are decoded together on "
-        "the auto, serial or autoregressive schedule, other rows one after another)",
+        help="greedy rows decoding together at most (default: %(default)s; on the auto, serial or autoregressive "
+        "schedule, a finished row's place taken by the next; other rows one after another)",
     )
     g.add_argument(
         "--window",

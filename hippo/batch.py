@@ -1,13 +1,13 @@
 """Many prompts through one pipeline: the records `Pipeline.map` takes, the results it yields, and
-how it groups them by length.
+how it batches them.
 
 A record is one question about one video (a video file and a prompt, or processor inputs already
 built) with its own generation settings. `Pipeline.map` reads `window` records ahead, builds their
-inputs, sorts them by prompt length (visual tokens included, so mostly by video length) and hands
-them on in batches of up to `batch_size` similar lengths, so that a batched engine pads little.
-Greedy rows of a batch are decoded together when the pipeline's schedule has a batched form
-(`hippo.engine`), the others one after another through `Pipeline.generate`: every answer is exactly
-what `generate` returns for that record alone.
+inputs and sorts them by prompt length (visual tokens included, so mostly by video length), so that
+rows decoded together pad little. Greedy rows are continuously batched on the pipeline's engine
+when its schedule has a batched form (`hippo.engine`): up to `batch_size` rows live at once, a
+finished row's place taken by the next at the next round. The others go one after another through
+`Pipeline.generate`. Every answer is exactly what `generate` returns for that record alone.
 
 A record that cannot be answered (a missing or bad field, a duplicate id, a missing or corrupt
 video, a prompt longer than the context) yields a `Result` whose `error` is the one-line message the
@@ -292,38 +292,67 @@ def _prepare(
 
 
 def _decode_window(pipe: Any, ready: list[_Ready], batch_size: int, tok: _Tokenizer) -> Iterator[Result]:
-    for batch in group_by_length(ready, lambda r: r.length, batch_size):
-        yield from decode_batch(pipe, batch, tok.get(required=False))
-
-
-def decode_batch(pipe: Any, batch: list[_Ready], tokenizer: Any) -> Iterator[Result]:
-    """The answers to one batch of similar lengths. Greedy rows are decoded together when the
-    pipeline's schedule has a batched form (`hippo.engine`: `auto`, `serial` or `autoregressive`);
-    the other rows, and every row when a batched run fails with a HippoError,
-    one after another through `Pipeline.generate`. Each answer is what `generate` returns alone."""
-    together = _batchable(pipe, batch)
+    """The window's answers: greedy rows continuously batched (`decode_continuously`), shortest
+    prompts first; the others one after another through `Pipeline.generate`."""
+    tokenizer = tok.get(required=False)
+    rows = sorted(ready, key=lambda r: r.length)
+    together = _batchable(pipe, rows) if batch_size > 1 else []
+    done: set[int] = set()
     if together:
-        gens = [dict(row.generation) for row in together]
-        seeds = [gen.pop("seed", None) for gen in gens]
+        for row, result in decode_continuously(pipe, together, batch_size, tokenizer):
+            done.add(id(row))
+            yield result
+    for row in rows:
+        if id(row) not in done:
+            yield _alone(pipe, row, tokenizer)
+
+
+def decode_continuously(
+    pipe: Any, rows: list[_Ready], batch_size: int, tokenizer: Any
+) -> Iterator[tuple[_Ready, Result]]:
+    """(row, its answer) as rows finish on one engine (`hippo.engine`) that keeps up to `batch_size`
+    rows live: a finished row's place goes to the next at the next round boundary. A row whose
+    prefill fails gets its error; when a round fails with a HippoError, the rows still live stop and
+    are left to the caller (one by one through `generate`). Each answer is what `generate` returns
+    for that row alone."""
+    engine = pipe.engine()
+    engine.expected_rows = min(batch_size, len(rows))
+    queue = list(rows)
+    live: dict[int, tuple[_Ready, Any]] = {}
+    while queue or live:
+        while queue and len(live) < batch_size:
+            row = queue.pop(0)
+            gen = dict(row.generation)
+            seed = gen.pop("seed", None)
+            try:
+                job = pipe.job(row.inputs, seed=seed, **gen)
+                joined = engine.add(job)
+            except HippoError as exc:
+                yield row, failed(row.id, exc)
+                continue
+            if joined:
+                live[id(job)] = (row, job)
+            else:
+                yield row, _job_result(row, job, tokenizer)
         try:
-            outs = pipe.generate_batch([row.inputs for row in together], seeds=seeds, per_row=gens)
+            finished = engine.step()
         except HippoError:
-            together = []  # one by one: each row gets its own answer or its own error
-        else:
-            for row, out in zip(together, outs):
-                yield _result(row, out, tokenizer)
-    done = {id(row) for row in together}
-    for row in batch:
-        if id(row) in done:
-            continue
-        gen = dict(row.generation)
-        seed = gen.pop("seed", None)
-        try:
-            out = pipe.generate(row.inputs, seed=seed, **gen)
-        except HippoError as exc:
-            yield failed(row.id, exc)
-            continue
-        yield _result(row, out, tokenizer)
+            for _, job in live.values():
+                engine.cancel(job)
+            return
+        for job in finished:
+            row, job = live.pop(id(job))
+            yield row, _job_result(row, job, tokenizer)
+
+
+def _alone(pipe: Any, row: _Ready, tokenizer: Any) -> Result:
+    gen = dict(row.generation)
+    seed = gen.pop("seed", None)
+    try:
+        out = pipe.generate(row.inputs, seed=seed, **gen)
+    except HippoError as exc:
+        return failed(row.id, exc)
+    return _result(row, out, tokenizer)
 
 
 def _batchable(pipe: Any, batch: list[_Ready]) -> list[_Ready]:
@@ -341,6 +370,12 @@ def _batchable(pipe: Any, batch: list[_Ready]) -> list[_Ready]:
         if greedy:
             rows.append(row)
     return rows if len(rows) >= 2 else []
+
+
+def _job_result(row: _Ready, job: Any, tokenizer: Any) -> Result:
+    new = list(job.tokens)
+    text = None if tokenizer is None else tokenizer.decode(new, skip_special_tokens=True)
+    return Result(row.id, token_ids=new, text=text, prompt_tokens=row.length, stats=job.stats)
 
 
 def _result(row: _Ready, out: Any, tokenizer: Any) -> Result:

@@ -350,10 +350,10 @@ class Pipeline:
         `{"id", "video", "prompt"}` plus optional `frames`, `fps`, `max_pixels`, `max_new_tokens`,
         `do_sample`, `temperature`, `top_p`, `top_k`, `seed`, which override the arguments given
         here. `window` records (default 4 x `batch_size`) are read ahead, their inputs built and
-        sorted by prompt length (visual tokens included), and cut into batches of `batch_size`
-        similar lengths. Greedy rows of a batch are decoded together when the schedule has a
-        batched form (`generate_batch`), the others one after another; each exactly as `generate`
-        decodes it alone. A record that cannot be answered yields a Result with `error`, the
+        sorted by prompt length (visual tokens included). Greedy rows are continuously batched when
+        the schedule has a batched form (`hippo.engine`: up to `batch_size` rows live, a finished
+        row's place taken by the next), the others decoded one after another; each exactly as
+        `generate` decodes it alone. A record that cannot be answered yields a Result with `error`, the
         one-line message of its HippoError, and the others go on. `tokenizer` (default: the target
         checkpoint's) builds the inputs of video records and decodes `Result.text`.
         """

@@ -62,9 +62,11 @@ def test_map_answers_equal_target_generate_per_record(pair):
         assert r.token_ids == oracle(target, p.inputs, n), r.id  # the record's budget beat the map's
         assert r.stats.new_tokens == len(r.token_ids) and r.stats.scheduler == "serial"
         assert r.text is None  # no tokenizer: the tiny models have no checkpoint directory
-    # the first window (r0..r3) is decoded shortest first; r4 forms the last window on its own
-    lengths = [by_id[rid].prompt_tokens for rid in [r.id for r in results][:4]]
-    assert lengths == sorted(lengths) and results[-1].id == "r4"
+    # the first window (r0..r3) is decoded continuously with its two shortest prompts joining first, so
+    # one of them finishes first; r4 forms the last window on its own
+    first = [r.id for r in results[:4]]
+    shortest = sorted(first, key=lambda rid: by_id[rid].prompt_tokens)[:2]
+    assert sorted(first) == ["r0", "r1", "r2", "r3"] and first[0] in shortest and results[-1].id == "r4"
 
 
 def test_map_takes_json_records_and_map_wide_settings(pair):
