@@ -288,7 +288,7 @@ def test_help_lists_every_option(capsys):
     assert "--video" not in out and "--prompt" not in out  # they come from the records
     text = " ".join(out.split())
     assert "today" not in text
-    assert "greedy rows are decoded together on the auto, serial or autoregressive schedule" in text
+    assert "a finished row's place taken by the next" in text and "continuously batched" in text
 
 
 def test_the_default_scheduler_decodes_batches_together(env, answered, tmp_path):
