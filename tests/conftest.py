@@ -86,3 +86,13 @@ def corrupting_drafter():
     """Registers the test plugin's `CorruptingDrafter`; yields its registry name."""
     with corrupting_plugin() as name:
         yield name
+
+
+@pytest.fixture(scope="session")
+def installed_fixtures(tmp_path_factory: pytest.TempPathFactory):
+    """tests/fixtures' lossy and third-party distributions installed for real with one `pip install
+    --target <dir>` per session (tests/installed.py); yields <dir>. Tests using it carry
+    `installed.GROUP`, so one xdist worker installs them once."""
+    from installed import install
+
+    return install(tmp_path_factory.mktemp("installed"))

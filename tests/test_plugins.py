@@ -1,21 +1,21 @@
 """Plugin discovery: a real third-party distribution, duplicate names, misspelled hooks, `hippo plugins`.
 
 The third-party package (tests/fixtures/thirdparty) is installed for real with
-`pip install --target <tmpdir>` once per session and exercised in subprocesses with
-PYTHONPATH=<tmpdir>, so the test environment itself never changes.
+`pip install --target <tmpdir>` once per session (with tests/fixtures/lossy, for tests/test_testing.py:
+the `installed_fixtures` fixture, whose tests share one xdist worker) and exercised in subprocesses
+with PYTHONPATH=<tmpdir>, so the test environment itself never changes.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from installed import GROUP, subprocess_env
 
 import hippo
 from hippo.cli.main import main
@@ -37,35 +37,15 @@ SCORER, SCHEDULER = "example_norm", "example_alternating"
 
 
 @pytest.fixture(scope="session")
-def thirdparty_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fixture distribution installed into a private directory (built from a copy of the source,
-    so setuptools' build/ and *.egg-info never land in the repository)."""
-    root = tmp_path_factory.mktemp("thirdparty")
-    src, site = root / "src", root / "site"
-    shutil.copytree(FIXTURE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "--no-deps",
-        "--no-build-isolation",
-        "--no-index",
-        "--disable-pip-version-check",
-        "--quiet",
-        "--target",
-        str(site),
-        str(src),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"installing the fixture plugin failed:\n{proc.stdout}\n{proc.stderr}"
-    assert list(site.glob("hippo_thirdparty_example-*.dist-info")), "pip installed no dist-info"
-    return site
+def thirdparty_site(installed_fixtures: Path) -> Path:
+    """The fixture distribution installed into a private directory (`installed_fixtures`, with the
+    lossy example beside it: tests/installed.py)."""
+    assert list(installed_fixtures.glob("hippo_thirdparty_example-*.dist-info")), "pip installed no dist-info"
+    return installed_fixtures
 
 
 def _run(site: Path, script: str, *, autoload: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != AUTOLOAD_ENV}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    env = {k: v for k, v in subprocess_env(site).items() if k != AUTOLOAD_ENV}
     if not autoload:
         env[AUTOLOAD_ENV] = "1"
     proc = subprocess.run(
@@ -157,6 +137,7 @@ def with_plugins(thirdparty_site: Path) -> dict:
     return _run(thirdparty_site, USE_PLUGINS, autoload=True)
 
 
+@GROUP
 def test_thirdparty_parts_are_listed_with_their_distribution(with_plugins: dict) -> None:
     desc = with_plugins["describe"]
     assert desc["scorers"][SCORER] == f"{DIST} 0.1.0"
@@ -171,6 +152,7 @@ def test_thirdparty_parts_are_listed_with_their_distribution(with_plugins: dict)
     assert with_plugins["cli"]["autoload"] is True
 
 
+@GROUP
 def test_thirdparty_parts_generate_the_targets_output(with_plugins: dict) -> None:
     assert with_plugins["scorer_calls"], "the plugin scorer was never called"
     for run in with_plugins["runs"]:
@@ -186,6 +168,7 @@ def test_thirdparty_parts_generate_the_targets_output(with_plugins: dict) -> Non
         assert len(cut) < len(gammas) // 2, gammas
 
 
+@GROUP
 def test_disabled_autoload_hides_thirdparty_parts(thirdparty_site: Path) -> None:
     out = _run(thirdparty_site, WITHOUT_PLUGINS, autoload=False)
     assert SCORER not in out["describe"]["scorers"]

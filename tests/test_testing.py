@@ -11,13 +11,12 @@ third-party example package and its own test suite. The six planted sampling bug
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from installed import GROUP, subprocess_env
 
 import hippo
 from hippo.cli.main import main
@@ -227,23 +226,9 @@ def test_hippo_check_passes_the_honest_verifiers(name, capsys):
 # ---- installed for real: the lossy package and the third-party package with its own suite -------------
 
 
-def _install(src: Path, root: Path, site: Path) -> None:
-    copy = root / src.name
-    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index"]
-    cmd += ["--disable-pip-version-check", "--quiet", "--target", str(site), str(copy)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-
-
-def test_installed_plugins_with_hippo_check_and_their_own_suite(tmp_path):
-    site = tmp_path / "site"
-    for src in (FIXTURES / "lossy", FIXTURES / "thirdparty"):
-        _install(src, tmp_path, site)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
-    }
+@GROUP
+def test_installed_plugins_with_hippo_check_and_their_own_suite(installed_fixtures):
+    env = subprocess_env(installed_fixtures)
     env.pop("HIPPO_DISABLE_PLUGIN_AUTOLOAD", None)
     hippo_cli = [sys.executable, "-m", "hippo.cli"]
     raising = subprocess.run(
@@ -274,7 +259,7 @@ def test_installed_plugins_with_hippo_check_and_their_own_suite(tmp_path):
         text=True,
         env=env,
         timeout=600,
-        cwd=tmp_path / "thirdparty",
+        cwd=installed_fixtures.parent / "thirdparty",  # the copy it was installed from
     )
     assert suite.returncode == 0, suite.stdout[-3000:] + suite.stderr[-3000:]
     assert "2 passed" in suite.stdout
