@@ -197,7 +197,7 @@ def test_a_seeded_sample_reproduces_whatever_shares_its_batch(server):
         ({"model": MODEL, "messages": "NOVIDEO"}, 400, "messages[0].content"),
         ({"model": MODEL, "messages": "M", "temperature": -1}, 400, "temperature"),
         ({"model": MODEL, "messages": "M", "max_tokens": 0}, 400, "max_tokens"),
-        ({"model": MODEL, "messages": "M", "frames": 100000}, 400, None),  # longer than the context
+        ({"model": MODEL, "messages": "M", "frames": 100000}, 400, None),  # more frames than the video has
         ({"model": MODEL}, 400, "messages"),
     ],
 )
@@ -287,3 +287,50 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(server):
     if os.name == "posix":
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{server['base']}/health", timeout=2)
+
+
+def _answer(ticket) -> tuple[str, object]:
+    while True:
+        kind, *rest = ticket.events.get(timeout=120)
+        if kind in ("end", "error"):
+            return kind, rest[0]
+
+
+def test_the_service_fails_a_prompt_longer_than_the_context_alone_and_bounds_its_video_cache(tmp_path):
+    """In process (`hippo.service`, no HTTP): a request whose prompt passes the target's context fails
+    with the message `hippo generate` prints, the next request is answered; the video cache keeps
+    within its byte budget (least recently used out) and a question on an evicted video is answered
+    again, the same."""
+    from tiny_checkpoint import tiny_tokenizer
+
+    from hippo.adapters.qwen2_5_vl_tiny import tiny_config
+    from hippo.registry import lookup
+    from hippo.service import Request, Service
+
+    cfg = tiny_config("target")
+    cfg.text_config.max_position_embeddings = 48
+    lookup("adapters", "qwen2_5_vl").model_class(cfg).to(torch.float64).save_pretrained(tmp_path / "t")
+    videos = [write_video(tmp_path / f"v{i}.mp4", n=8 + 2 * i, fps=8) for i in range(2)]  # other bytes
+    pipe = (
+        hippo.PipelineBuilder().target(str(tmp_path / "t"), dtype=torch.float64).scheduler("autoregressive")
+    )
+    service = Service(pipe.build(), tiny_tokenizer(), max_batch=2, cache_bytes=1)  # room for one context
+    try:
+        small = {"frames": 2, "max_pixels": MAX_PIXELS}
+        kind, error = _answer(
+            service.submit(Request(str(videos[0]), [("what happens ?", None)], {"frames": 8}))
+        )
+        assert kind == "error" and "but the target's context is 48" in str(error)
+        answers = []
+        for v in (videos[0], videos[1], videos[0]):
+            kind, info = _answer(
+                service.submit(Request(str(v), [("what happens ?", None)], small, {"max_new_tokens": 3}))
+            )
+            assert kind == "end", info
+            answers.append(info["token_ids"])
+            assert len(service.contexts.entries) == 1  # over budget: only the newest is kept
+        assert (
+            answers[2] == answers[0] and service.contexts.misses == 4 and service.contexts.hits == 0
+        )  # the first failed
+    finally:
+        service.close(0)
