@@ -12,7 +12,8 @@ same requests. Every method's answers are checked against HF `generate`'s, token
 
 Figures: tokens/s of the whole list at each K; TTFT and latency p50/p99; the live batch size over
 time (sampled every 50 ms; a plot with --out); a second question on a prepared video (TTFT against
-the first's); one client's latency against the in-process `generate` on the same request. Each
+the first's); one client's latency against the in-process `generate` on the same request; the
+stalls: each prefill that ran while other rows were live (they wait for it: prefill is not chunked). Each
 method runs once after an untimed warm-up of the whole list (so `auto` has measured its costs and
 the video cache is cold again for every timed run: it is cleared between runs).
 """
@@ -216,7 +217,9 @@ def run(clients: list[int], n_clips: int, max_tokens: int, threads: int, directo
         try:
             load(server, requests, k, max_tokens)  # warm: auto's costs at this batch size, allocations
             server.service.contexts.clear()  # every timed run starts with a cold video cache
+            server.service.stall_seconds.clear()
             row = load(server, requests, k, max_tokens)
+            row["stalls"] = list(server.service.stall_seconds)  # prefills the live rows waited for
             if k == 1:  # a second question on a prepared video: TTFT against the first's
                 server.service.contexts.clear()
                 first = stream_one(server.url, requests[0], max_tokens)["ttft"]
@@ -254,10 +257,11 @@ def markdown(result: dict) -> str:
             r["clients"], f"{r['tok_s']:.1f}", f"{r['tok_s'] / hf:.2f}x", f"{r['tok_s'] / off:.2f}",
             f"{_percentile(r['ttft'], 0.5):.2f} / {_percentile(r['ttft'], 0.99):.2f}", f"{ttft_ratio:.2f}",
             f"{_percentile(r['latency'], 0.5):.2f} / {_percentile(r['latency'], 0.99):.2f}",
-            f"{r['mean_batch']:.2f}", "yes" if r["identical"] else "NO",
+            f"{r['mean_batch']:.2f}", _stalls(r["stalls"]), "yes" if r["identical"] else "NO",
         ])  # fmt: skip
     head = ["clients", "tok/s", "/ HF one by one", "/ hippo batch", "TTFT p50 / p99 (s)",
-            "TTFT p99 / lone p50", "latency p50 / p99 (s)", "mean live batch", "identical"]  # fmt: skip
+            "TTFT p99 / lone p50", "latency p50 / p99 (s)", "mean live batch",
+            "stalls: n, median / max (s)", "identical"]  # fmt: skip
     lines = [
         f"{result['requests']} requests, {result['max_tokens']} tokens max each; HF generate one by one "
         f"{hf:.1f} tok/s; hippo batch offline {off:.1f} tok/s.",
@@ -272,6 +276,10 @@ def markdown(result: dict) -> str:
             f"{lone['second_question_ttft_ratio']:.2f}.",
         ]
     return "\n".join(lines)
+
+
+def _stalls(xs: list[float]) -> str:
+    return f"{len(xs)}, {statistics.median(xs):.2f} / {max(xs):.2f}" if xs else "0"
 
 
 def plot(result: dict, path: Path) -> None:
