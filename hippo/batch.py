@@ -342,7 +342,12 @@ def decode_continuously(
             return
         for job in finished:
             row, job = live.pop(id(job))
-            yield row, _job_result(row, job, tokenizer)
+            if job.error is None:
+                yield row, _job_result(row, job, tokenizer)
+            elif isinstance(job.error, HippoError):
+                yield row, failed(row.id, job.error)
+            else:  # not a HippoError: a bug, which propagates
+                raise job.error
 
 
 def _alone(pipe: Any, row: _Ready, tokenizer: Any) -> Result:

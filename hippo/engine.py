@@ -107,6 +107,7 @@ class _Row:
         self.seconds_draft = 0.0
         self.target_steps = 0  # batched steps of the target alone (γ = 0) while this row was live
         self.batch_sizes: list[int] = []  # live rows in each round it took part in
+        self.error: BaseException | None = None  # what failed in this row's own work (it then leaves)
 
 
 class _DraftClock:
@@ -250,6 +251,9 @@ class Engine:
 
     def _finish(self, row: _Row) -> None:
         job = row.job
+        if row.error is not None:  # failed alone: the other rows go on
+            job.error = row.error
+            job.stats.notes.append(f"failed: {type(row.error).__name__}: {row.error}")
         job.finish()
         s = job.stats
         s.seconds_target_decode, s.seconds_draft_decode = row.seconds_target, row.seconds_draft
@@ -266,7 +270,9 @@ class Engine:
 
     # ---- one round ---------------------------------------------------------------------------------
     def step(self) -> list[Job]:
-        """One round for every live row; returns the jobs that finished in it."""
+        """One round for every live row; returns the jobs that finished in it. A row whose own work
+        fails (its logits processors, its sampler, its verifier) leaves at once with the exception
+        on `job.error`, and the other rows go on; an error in a batched forward propagates."""
         if not self.rows:
             return []
         target, draft, rows = self.target, self.draft, self.rows
@@ -295,7 +301,7 @@ class Engine:
         for row in rows:
             row.seconds_target += target.seconds - t0
         self.rounds += 1
-        done = [i for i, row in enumerate(rows) if row.job.done]
+        done = [i for i, row in enumerate(rows) if row.job.done or row.error is not None]
         if done:
             return self._leave(done)
         for cache in (target, draft):
@@ -312,7 +318,9 @@ class Engine:
             while pending:
                 self.add(pending.pop(0))  # a job whose prefill fails is finished by `add`
             while self.rows:
-                self.step()
+                for job in self.step():
+                    if job.error is not None:
+                        raise job.error
         except BaseException:
             for row in list(self.rows):
                 self.cancel(row.job)
@@ -351,11 +359,16 @@ def _draft(
         nxt: list[list[int]] = []
         for b, row in enumerate(rows):
             row.draft_generated.extend(blocks[b])
-            if len(tokens[b]) >= gammas[b]:
+            if len(tokens[b]) >= gammas[b] or row.error is not None:
                 nxt.append([])
                 continue
             seq = torch.cat([seqs[b], torch.tensor(tokens[b], dtype=torch.long)])
-            x, q = row.job.policy.draft_token(seq, logits[b, len(blocks[b]) - 1])
+            try:
+                x, q = row.job.policy.draft_token(seq, logits[b, len(blocks[b]) - 1])
+            except Exception as exc:  # this row's own failure: it leaves after the round
+                row.error = exc
+                nxt.append([])
+                continue
             if q is not None:
                 qs[b].append(q)
             tokens[b].append(x)
@@ -381,12 +394,17 @@ def _verify(target: BatchedCache, rows: Sequence[_Row], proposals: Sequence[Draf
     logits = target.forward(blocks)  # [B, W, V]
     for b, (row, prop) in enumerate(zip(rows, proposals)):
         job = row.job
-        if prop is None:  # the target alone, as `Job.target_step`
-            job.step_from(logits[b, :1])
+        if row.error is not None:  # failed while drafting: it leaves after this round
             continue
-        settle(
-            job,
-            prop,
-            logits[b, : prop.size + 1],
-            lambda path, b=b, T=job.length: target.rollback(b, T + len(path)),
-        )
+        try:
+            if prop is None:  # the target alone, as `Job.target_step`
+                job.step_from(logits[b, :1])
+                continue
+            settle(
+                job,
+                prop,
+                logits[b, : prop.size + 1],
+                lambda path, b=b, T=job.length: target.rollback(b, T + len(path)),
+            )
+        except Exception as exc:  # this row's own failure: it leaves, the others go on
+            row.error = exc

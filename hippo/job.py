@@ -132,6 +132,8 @@ class DecodeJob:
         #: the α a `gamma="auto"` plan of this job starts from (None: the plan's default, 1/2); a
         #: scheduler that runs the job through another one sets it (`auto`: its earlier jobs' α)
         self.alpha_prior: float | None = None
+        #: what made this job fail in a batch while the other rows went on (`hippo.engine`), or None
+        self.error: BaseException | None = None
         self._t0 = time.perf_counter()
         self._target: ModelSession | None = None
         self._target_encoded = None

@@ -13,9 +13,10 @@ Other threads only submit, cancel and read tickets.
   own fork of the cached prefix, so evicting a context never touches a live row.
 - **Overload.** At most `max_queue` requests wait; `submit` raises `Overloaded` past that. A
   context that cannot fit even after the cache is emptied fails its request with the budget error.
-- **Failures.** A request that cannot be answered (its video, its prompt, its settings) fails
-  alone. An error inside a round fails the rows of that round (their state is unknown); the loop
-  goes on with the requests that come next.
+- **Failures.** A request that cannot be answered (its video, its prompt, its settings, its own
+  sampling or logits processing in a round) fails alone and the others go on. An error in a batched
+  forward fails the rows of that round (their state is unknown); the loop goes on with the requests
+  that come next.
 - **Stopping.** `close(drain)` stops admitting, lets the live rows finish for up to `drain`
   seconds, then cancels what is left; every ticket ends.
 """
@@ -310,6 +311,11 @@ class Service:
             return
         self.rounds += 1
         for job in finished:
+            if job.error is not None:  # this request failed alone
+                ticket = self.live.pop(id(job))
+                error = job.error if isinstance(job.error, HippoError) else None
+                ticket.fail(error or InputError(f"decoding this request failed: {one_line(job.error)}"))
+                continue
             self._end(self.live[id(job)])
         self._cancel_marked()  # stop strings reached in this round
         if self.on_round is not None:

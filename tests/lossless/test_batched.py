@@ -538,3 +538,37 @@ def test_the_batch_check_passes_the_engine_and_catches_a_row_that_never_rolls_ba
     monkeypatch.setattr(hst.BatchedCache, "rollback", never_for_row_1)
     with pytest.raises(LosslessViolation, match="batched check FAILED"):
         batch_check.assert_batch_lossless(build, adapters="qwen2_5_vl", examples=8, seed=1, shrink=False)
+
+
+def test_a_row_whose_sampling_fails_leaves_alone_and_the_others_finish():
+    """A row's own failure inside a round (here its sampler raises, as a NaN law would) finishes that
+    row with the exception on `job.error`; the other rows go on and are their own `target.generate`.
+    `Engine.run` (generate_batch) then raises it."""
+    target = hm.tiny("qwen2_5_vl", "target")
+    prompts = fixed_prompts("qwen2_5_vl", target)
+    pipe = hr.build_pipeline(target, target, gamma=3, keep_ratio=0.5)
+    gens = [{"do_sample": False, "max_new_tokens": n} for n in (10, 12)] + [
+        {"do_sample": True, "max_new_tokens": 10}
+    ]
+    jobs = [pipe.job(p.inputs, **g) for p, g in zip(prompts, gens)]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+
+    jobs[2].policy.draft_token = broken
+    engine = pipe.engine()
+    for job in jobs:
+        engine.add(job)
+    finished = []
+    while engine.live:
+        finished += engine.step()
+    assert isinstance(jobs[2].error, RuntimeError) and any("failed" in n for n in jobs[2].stats.notes)
+    assert finished.index(jobs[2]) == 0  # it left in the first round
+    for job, p, g in zip(jobs[:2], prompts, gens):
+        assert job.error is None and job.tokens == hr.new_tokens(
+            hr.reference(target, p.inputs, **g), p.length
+        )
+    again = [pipe.job(p.inputs, **g) for p, g in zip(prompts, gens)]
+    again[2].policy.draft_token = broken
+    with pytest.raises(RuntimeError, match="probability tensor"):
+        pipe.engine().run(again)
