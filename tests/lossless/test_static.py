@@ -29,6 +29,11 @@ from hippo.testing import strategies as hs
 # drafting schedulers first: the harness's fixed examples take each draw's first value
 SCHEDULERS = sorted(hm.names("schedulers"), key=lambda n: n not in hm.drafting_schedulers())
 COMPILED = "qwen2_5_vl"
+#: The compiled tests share one xdist worker: a compilation belongs to a model object (`compiled_step`)
+#: and the tiny models are cached per process, so COMPILED's pair (seed 0) is compiled once for all
+#: three tests (its case of test_compiled_sessions_equal_target_generate among them) instead of once per
+#: worker that runs one of them.
+SHARED_COMPILATION = pytest.mark.xdist_group("compiled")
 
 
 def _build(mode: str, roles: tuple[str, ...] = ()):
@@ -52,7 +57,13 @@ def test_static_cache_equals_target_generate(adapter):
     )
 
 
-@pytest.mark.parametrize("adapter", hp.adapter_params())
+@pytest.mark.parametrize(
+    "adapter",
+    [
+        pytest.param(*p.values, id=p.id, marks=[*p.marks, SHARED_COMPILATION]) if p.id == COMPILED else p
+        for p in hp.adapter_params()
+    ],
+)
 def test_compiled_sessions_equal_target_generate(adapter):
     """Inductor-compiled static sessions. Every model object costs its own compilation (~15 s per
     graph on 2 cores), so: on Qwen2.5-VL one tiny pair (target and draft seed 0) and the scheduler,
@@ -70,6 +81,7 @@ def test_compiled_sessions_equal_target_generate(adapter):
     )
 
 
+@SHARED_COMPILATION
 @pytest.mark.skipif(COMPILED not in hm.names("adapters"), reason=f"{COMPILED} adapter not installed")
 def test_compiled_target_samples_the_target_law():
     """The law check with its stated power (>= 0.95 against a 5% TV error) on a compiled target."""
@@ -128,6 +140,7 @@ def test_compile_options_are_checked():
     assert built._static["target"].mode == "eager" and built._static["draft"] is None
 
 
+@SHARED_COMPILATION
 @pytest.mark.skipif(COMPILED not in hm.names("adapters"), reason=f"{COMPILED} adapter not installed")
 def test_compiled_graphs_are_reused_across_calls():
     """A warm-up inside `torch.inference_mode()` and a later call outside it, with another token
