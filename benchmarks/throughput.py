@@ -16,7 +16,7 @@ EOS is suppressed, as serving benchmarks do) unless `--natural`, so every method
 number of tokens per row. The prompts are the bench's narration clips (`bench.narrate_workload`),
 batch b taking the first b clips. Each hippo row is checked against the same row decoded alone by
 HF `generate` (float32: a near-tie may flip a token; the count of differing rows is printed). hippo is
-given the same left-padded batch as HF `generate` and cuts it into rows (`hippo.rows`).
+given the same left-padded batch as HF `generate` and cuts it into rows (`hippo.padded`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 import hippo
-from hippo.rows import pad_rows
+from hippo.padded import pad_rows
 
 from .tables import markdown_table
 

@@ -33,11 +33,11 @@ from typing import Any
 
 import attrs
 
-from hippo.batch import Record, check_batching, check_id
 from hippo.builder import PipelineBuilder
 from hippo.checkpoint import check_output
 from hippo.cli.video_commands import generation_kwargs, pipeline_config, prepare, quiet_transformers, say
 from hippo.errors import ConfigError, HippoError, one_line
+from hippo.records import Record, check_batching, check_id
 from hippo.registry import lookup
 
 EXIT_FAILED = 1

@@ -451,7 +451,7 @@ class Adapter(ABC):
     # ---- optional: several prompts in one padded processor output (Pipeline.generate_batch) ----------
     def batch_items(self, inputs: dict[str, Any]) -> list[Items]:
         """The media of a padded batch (`inputs`: one processor call on several prompts) as runs of
-        items (`hippo.rows.Items`), so that `hippo.rows.split_rows` can give each row its own. This
+        items (`hippo.types.Items`), so that `hippo.padded.split_rows` can give each row its own. This
         default knows no media: a batch with any is refused by key name; adapters override it."""
         return []
 

@@ -12,15 +12,15 @@ import attrs
 import torch
 from transformers import GenerationConfig
 
-from hippo.batch import Record, Result, map_records
 from hippo.context import Turn, VideoContext, build_context, check_budget, estimate_bytes
 from hippo.conversation import Conversation, Question, as_ids, text_question_ids
 from hippo.engine import Engine, can_batch, row_sessions
 from hippo.errors import ConfigError, InputError
 from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, SessionKind, Verifier
 from hippo.job import DecodeJob, Parts
+from hippo.padded import split_rows
+from hippo.records import Record, Result, map_records
 from hippo.registry import lookup, plugin_manager
-from hippo.rows import split_rows
 from hippo.sampling import TokenPolicy, make_generator, resolve_generation_config
 from hippo.types import GenerateOutput
 
@@ -346,7 +346,7 @@ class Pipeline:
     ) -> Iterator[Result]:
         """Answer many records, one `Result` per record, in the order they are decoded (each has its id).
 
-        A record is a `hippo.batch.Record` or a mapping like one line of `hippo batch`'s input:
+        A record is a `hippo.records.Record` or a mapping like one line of `hippo batch`'s input:
         `{"id", "video", "prompt"}` plus optional `frames`, `fps`, `max_pixels`, `max_new_tokens`,
         `do_sample`, `temperature`, `top_p`, `top_k`, `seed`, which override the arguments given
         here. `window` records (default 4 x `batch_size`) are read ahead, their inputs built and

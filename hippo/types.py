@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 @attrs.frozen
 class Items:
-    """One medium of a padded processor batch (`hippo.rows`): its placeholder token, how many of them
+    """One medium of a padded processor batch (`hippo.padded`): its placeholder token, how many of them
     each item fills, and how many entries of each of its tensors each item takes."""
 
     token: int  # the placeholder token id the items fill

@@ -16,8 +16,8 @@ import hippo
 from hippo import PartSpec, PipelineBuilder, PipelineConfig
 from hippo.errors import ConfigError, InputError, ModelError, PluginError
 from hippo.interfaces import Selector
+from hippo.padded import pad_rows
 from hippo.registry import build_plugin_manager, lookup
-from hippo.rows import pad_rows
 
 ADAPTER = lookup("adapters", "qwen2_5_vl")
 NEW = 12

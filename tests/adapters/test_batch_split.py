@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hippo.errors import InputError
-from hippo.rows import pad_rows, split_rows
+from hippo.padded import pad_rows, split_rows
 from hippo.testing import models as hm
 from hippo.testing import params as hp
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import hippo
 import hippo.stacked as hst
 from hippo.errors import UnsupportedError
-from hippo.rows import pad_rows
+from hippo.padded import pad_rows
 from hippo.testing import assert_sampling_exact
 from hippo.testing import batch as batch_check
 from hippo.testing import models as hm
@@ -274,7 +274,7 @@ def test_t_verify_is_measured_once_per_batch_size_and_leaves_the_batch_as_it_was
 def test_the_default_pipeline_decodes_a_batch_together():
     """The default schedule (`auto`) has a batched form: `Pipeline.map` decodes its greedy rows
     together, each row's plan says so, and each answer is the record's own `target.generate`."""
-    from hippo.batch import Record
+    from hippo.records import Record
 
     target = hm.tiny("qwen2_5_vl", "target")
     prompts = fixed_prompts("qwen2_5_vl", target)
@@ -388,7 +388,7 @@ def test_a_batch_row_samples_the_target_law():
 def test_map_decodes_greedy_rows_together_and_sampled_rows_alone():
     """`Pipeline.map` hands a batch's greedy rows to the batched engine, its sampled rows to
     `generate`; every answer is the record's own (greedy: `target.generate`; seeded: `generate`'s)."""
-    from hippo.batch import Record
+    from hippo.records import Record
 
     target = hm.tiny("qwen2_5_vl", "target")
     prompts = fixed_prompts("qwen2_5_vl", target)
@@ -416,7 +416,7 @@ def test_map_decodes_greedy_rows_together_and_sampled_rows_alone():
 def test_map_gives_a_bad_row_of_a_batch_its_own_error():
     """A row whose settings `generate` refuses gets its one-line error; the others of its batch are
     still decoded together and answered."""
-    from hippo.batch import Record
+    from hippo.records import Record
 
     target = hm.tiny("qwen2_5_vl", "target")
     prompts = fixed_prompts("qwen2_5_vl", target)
