@@ -4,6 +4,9 @@ their tokens back and leave when done or cancelled. `hippo serve` puts HTTP in f
 One thread (the loop) owns the models: it admits queued requests while the batch has room
 (`max_batch`), prefills each on the pipeline's video context for its video, steps the engine
 (`hippo.engine.Engine`) one round at a time, and delivers every row's new tokens to its `Ticket`.
+A prefill is not chunked: the live rows wait while a new request is prefilled between two rounds.
+`prefills_per_round` caps how many are prefilled there while rows are live (default: as many as the
+batch has room for; 1 bounds the live rows' wait per round, at the cost of the new requests' TTFT).
 Other threads only submit, cancel and read tickets.
 
 - **Video prefix cache.** A request names a video file and frame options; the first request about a
@@ -185,12 +188,14 @@ class Service:
         max_batch: int = 8,
         max_queue: int = 64,
         cache_bytes: int = 4 << 30,
+        prefills_per_round: int | None = None,  # while rows are live (None: as many as fit)
         on_round: Callable[[Service], None] | None = None,  # told after each round (metrics)
     ):
         if max_batch < 1 or max_queue < 0:
             raise InputError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} and {max_queue}")
         self.pipeline, self.tokenizer = pipeline, tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
+        self.prefills_per_round = prefills_per_round
         self.contexts = ContextCache(pipeline, tokenizer, cache_bytes)
         self.engine = pipeline.engine()
         self.on_round = on_round
@@ -252,9 +257,11 @@ class Service:
                     self.cv.wait()
                 if not self.accepting and not self.live:
                     return
-                admit = []
-                while self.pending and len(self.live) + len(admit) < self.max_batch:
-                    admit.append(self.pending.popleft())
+                # between two rounds: as many as fit, or `prefills_per_round` at most while rows are live
+                room = self.max_batch - len(self.live)
+                if self.live and self.prefills_per_round is not None:
+                    room = min(room, self.prefills_per_round)
+                admit = [self.pending.popleft() for _ in range(min(room, len(self.pending)))]
             for ticket in admit:
                 self._admit(ticket)
             self._cancel_marked()

@@ -314,7 +314,7 @@ def test_the_service_fails_a_prompt_longer_than_the_context_alone_and_bounds_its
     pipe = (
         hippo.PipelineBuilder().target(str(tmp_path / "t"), dtype=torch.float64).scheduler("autoregressive")
     )
-    service = Service(pipe.build(), tiny_tokenizer(), max_batch=2, cache_bytes=1)  # room for one context
+    service = Service(pipe.build(), tiny_tokenizer(), max_batch=2, cache_bytes=1, prefills_per_round=1)
     try:
         small = {"frames": 2, "max_pixels": MAX_PIXELS}
         kind, error = _answer(
