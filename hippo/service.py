@@ -69,8 +69,8 @@ class Ticket:
     "length"), prompt_tokens, completion_tokens, the answer's text and token ids, and the job's stats.
     """
 
-    def __init__(self, request: Request, notify: Callable[[tuple], None] | None = None):
-        self.request = request
+    def __init__(self, request: Request, tokenizer: Any, notify: Callable[[tuple], None] | None = None):
+        self.request, self.tokenizer = request, tokenizer
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.notify = notify or self.events.put
         self.cancelled = threading.Event()
@@ -80,7 +80,6 @@ class Ticket:
         self.text = ""
         self.stopped = False  # a stop string was reached: the loop cancels the row
         self.ended = False
-        self._tokenizer: Any = None
         self._prompt = True
 
     def cancel(self) -> None:
@@ -96,7 +95,7 @@ class Ticket:
             return
         new = [int(x) for x in ids.reshape(-1).tolist()]
         self.tokens += new
-        text = self._tokenizer.decode(self.tokens, skip_special_tokens=True)
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
         if text.endswith("\ufffd"):  # half a character: wait for the rest
             return
         cut = _first_stop(text, self.request.stop, len(self.text))
@@ -213,8 +212,7 @@ class Service:
     def submit(self, request: Request, notify: Callable[[tuple], None] | None = None) -> Ticket:
         """Queue a request; raises Overloaded when `max_queue` requests already wait, InputError when
         the service is stopping."""
-        ticket = Ticket(request, notify)
-        ticket._tokenizer = self.tokenizer
+        ticket = Ticket(request, self.tokenizer, notify)
         with self.cv:
             if not self.accepting:
                 raise InputError("the server is shutting down; send the request to another replica")

@@ -12,7 +12,6 @@ one after another, which the greedy check already covers.
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +28,7 @@ from hippo.testing.greedy import (
     hypothesis_settings,
     make_pipeline,
     part_names,
-    raising_part,
+    raised,
     reproduction,
 )
 from hippo.testing.reference import eos_stop, first_difference, new_tokens, reference
@@ -119,19 +118,8 @@ def assert_batch_lossless(
             except HippoError:
                 raise
             except Exception as exc:
-                who = raising_part(pipe, exc) or "the batch engine or a part of the pipeline"
-                tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-3))
-                raise LosslessViolation(
-                    Report(
-                        check="batched",
-                        summary=f"{who} raised {type(exc).__name__}: {exc}",
-                        case=where,
-                        parts=part_names(pipe),
-                        reproduce=reproduction(build, case),
-                        counterexample=case,
-                        details=tb.rstrip(),
-                    )
-                ) from exc
+                who = "the batch engine or a part of the pipeline"
+                raise raised(exc, "batched", build, case, pipe, where, who) from exc
             result.examples += 1
             for key, n in seen.items():
                 setattr(result, key, getattr(result, key) + n)

@@ -125,6 +125,34 @@ def _build_ref(build: Any) -> tuple[str, str]:
     return "", "build"  # a lambda or a local function: the reader substitutes it
 
 
+def raised(
+    exc: BaseException,
+    check: str,
+    build: Any,
+    case: Case,
+    pipe: Any,
+    where: str,
+    who: str,
+    want: list | None = None,
+) -> LosslessViolation:
+    """The report of a pipeline that raised on `case`: the part that raised (else `who`) and the
+    traceback's last frames."""
+    who = raising_part(pipe, exc) or who
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-3))
+    return LosslessViolation(
+        Report(
+            check=check,
+            summary=f"{who} raised {type(exc).__name__}: {exc}",
+            case=where,
+            parts=part_names(pipe),
+            want_tokens=want or [],
+            reproduce=reproduction(build, case),
+            counterexample=case,
+            details=tb.rstrip(),
+        )
+    )
+
+
 def reproduction(build: Any, case: Case) -> str:
     imports, expr = _build_ref(build)
     line = f"from hippo.testing import Case, replay_greedy; {imports}replay_greedy({expr}, {case!r})"
@@ -184,20 +212,7 @@ def checked_run(
     except HippoError:
         raise
     except Exception as exc:
-        who = raising_part(pipe, exc) or "a part of the pipeline"
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-3))
-        raise LosslessViolation(
-            Report(
-                check="greedy",
-                summary=f"{who} raised {type(exc).__name__}: {exc}",
-                case=case.short(),
-                parts=part_names(pipe),
-                want_tokens=want,
-                reproduce=reproduction(build, case),
-                counterexample=case,
-                details=tb.rstrip(),
-            )
-        ) from exc
+        raise raised(exc, "greedy", build, case, pipe, case.short(), "a part of the pipeline", want) from exc
     finally:
         if owned:
             pipe.close()
