@@ -94,7 +94,10 @@ def run_pair(argv, defaults, out: Path, doc: str) -> None:
     p.add_argument("--serial", action="store_true")
     known, rest = p.parse_known_args(argv)
     configs = defaults(known.out)
-    if known.role != "both" or known.serial or "-h" in rest or "--help" in rest:
+    # a draft that starts with its distillation (pruned from the trained target) has nothing to
+    # train beside the target: one model after the other
+    head = any(ph.teacher is None for ph in configs["draft"].phases)
+    if known.role != "both" or known.serial or not head or "-h" in rest or "--help" in rest:
         rest = [a for a in argv if a != "--serial"]
         train.main(rest, defaults=configs, out=out, doc=doc)
         return

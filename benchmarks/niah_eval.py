@@ -8,8 +8,11 @@ For each N (visual tokens), on held-out clips (`hippo.cli.pair.niah`, 168 px, th
 answer (`niah.needle_scores`: count, colour, shape, cell, direction; chance for a field is 1/4,
 1/3, 1/9, 1/4), and the draft's agreement with the target, teacher-forced on the target's answer (the
 greedy acceptance rate of speculative decoding) with all its visual tokens, a uniform 10% of them
-and the needles' tokens topped up uniformly to 10% (the oracle). Length generalisation is part of
-the result: the pair never saw more than 2,304 visual tokens.
+and the needles' tokens topped up uniformly to 10% (the oracle), and the MAT (tokens per target
+verification, accepted drafts + 1) that greedy chain drafting of GAMMA tokens gets from those
+matches: a round accepts the draft's run of matching tokens, which teacher forcing predicts exactly,
+since every accepted token is the target's. Length generalisation is part of the result: the target
+never saw more than 4,608 visual tokens.
 """
 
 from __future__ import annotations
@@ -23,15 +26,38 @@ import json  # noqa: E402
 
 import torch  # noqa: E402
 
-from hippo.benchmarks.batching import make_batch  # noqa: E402
+from hippo.benchmarks.batching import lm_inputs, make_batch  # noqa: E402
 from hippo.benchmarks.evaluate import HELD_OUT, greedy_ids  # noqa: E402
-from hippo.benchmarks.narrate_eval import agreement  # noqa: E402
 from hippo.cli.pair.niah import config_for, needle_rows, needle_scores, niah_sample  # noqa: E402
 from hippo.registry import lookup  # noqa: E402
 from hippo.types import VisualTokens  # noqa: E402
 
 TOKENS = (1152, 2048, 4096, 8192, 16384)
 MAX_ANSWER = 96  # tokens: longer than any reference answer (75)
+GAMMA = 5  # drafted tokens per round (`hippo bench --long`'s default)
+
+
+def matches(draft, batch, ids: list[int], keep: torch.Tensor | None) -> list[bool]:
+    """Per token of the target's answer `ids`: whether the draft's argmax, teacher-forced on the
+    answer's prefix and the kept visual tokens, is that token (one clip)."""
+    answers = torch.tensor([ids])
+    forced = type(batch)(**{**batch.__dict__, "captions": answers, "labels": answers})
+    embeds, positions, _, _ = lm_inputs(draft, forced, keep)
+    h = draft.model.language_model(inputs_embeds=embeds, position_ids=positions).last_hidden_state
+    logits = draft.lm_head(h[:, -len(ids) - 1 : -1])  # the prediction of answer token i
+    return (logits[0].argmax(-1) == answers[0]).tolist()
+
+
+def chain_rounds(match: list[bool], gamma: int = GAMMA) -> int:
+    """Target verifications that greedy chain drafting of `gamma` tokens needs for the answer."""
+    i = rounds = 0
+    while i < len(match):
+        run = 0
+        while run < gamma and i + run < len(match) and match[i + run]:
+            run += 1
+        i += run + 1  # the accepted drafts and the target's own next token
+        rounds += 1
+    return rounds
 
 
 def kept(
@@ -45,6 +71,7 @@ def kept(
 def evaluate(target, draft, tokenizer, tokens: int, n: int, seed: int = 0) -> dict:
     fields: dict[str, dict[str, list[int]]] = {"target": {}, "draft": {}}
     agree = {"full": [0, 0], "uniform 10%": [0, 0], "needles + uniform 10%": [0, 0]}
+    rounds = dict.fromkeys(agree, 0)
     for i in range(n):
         smp = niah_sample(HELD_OUT + seed + i, config_for(tokens))
         batch = make_batch(tokenizer, [smp])
@@ -63,16 +90,18 @@ def evaluate(target, draft, tokenizer, tokens: int, n: int, seed: int = 0) -> di
             "uniform 10%": kept("uniform", N),
             "needles + uniform 10%": kept("oracle", N, keep=needle_rows(smp)),
         }
-        target_ids = [answers["target"] + [eos]]
+        target_ids = answers["target"] + [eos]
         for name, keep in keeps.items():
-            right, total = agreement(target, draft, batch, target_ids, keep)
-            agree[name][0] += right
-            agree[name][1] += total
+            match = matches(draft, batch, target_ids, keep)
+            agree[name][0] += sum(match)
+            agree[name][1] += len(match)
+            rounds[name] += chain_rounds(match)
     return {
         "visual_tokens": tokens,
         "clips": n,
         **{f"{role}_{f}": r / t for role, fs in fields.items() for f, (r, t) in fs.items() if t},
         **{f"draft_agreement_{name}": r / t for name, (r, t) in agree.items() if t},
+        **{f"draft_mat_{name}": t / rounds[name] for name, (r, t) in agree.items() if t},
     }
 
 

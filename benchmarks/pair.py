@@ -30,6 +30,27 @@ PAIR_DIR = Path(__file__).parent / "pair"  # the captioning pair
 NIAH_DIR = Path(__file__).parent / "pair_niah"  # the long-video (needle-in-a-haystack) pair
 #: how each committed pair's target is widened (k: residual/attention, m: MLP neurons per unit)
 WIDEN = {PAIR_DIR.name: {"k": 4, "m": 4}, NARRATE_DIR.name: NARRATE_WIDEN, NIAH_DIR.name: {"k": 8, "m": 4}}
+#: how the long-video pair's draft is widened at load time (`hippo bench --long`, `long.DRAFT_WIDEN`), so
+#: that it reads about 1/10 of the widened target's decoder weights and KV bytes per token
+#: (`cost_ratios`: 9.2% and 9.4%), as a 7B draft does for a 72B target
+DRAFT_WIDEN = {NIAH_DIR.name: {"k": 3, "m": 12}}
+
+
+def decode_cost(model) -> dict[str, int]:
+    """What one decode step reads: the language model's weights (decoder layers, final norm and
+    lm_head; an embedding row is negligible) and the KV values cached per token."""
+    t = model.config.text_config
+    lm = model.model.language_model
+    weights = sum(p.numel() for p in lm.layers.parameters()) + lm.norm.weight.numel()
+    weights += model.lm_head.weight.numel()
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    return {"weights": weights, "kv_per_token": t.num_hidden_layers * 2 * t.num_key_value_heads * head_dim}
+
+
+def cost_ratios(target, draft) -> dict[str, float]:
+    """The draft's decode cost over the target's (pass both as loaded for the benchmark: widened)."""
+    a, b = decode_cost(draft), decode_cost(target)
+    return {k: a[k] / b[k] for k in a}
 
 
 def write_checksums(directory: Path = PAIR_DIR) -> dict:

@@ -104,6 +104,11 @@ class TrainConfig:
     keep_range: tuple[float, float] = (0.05, 0.3)  # kept share of the visual tokens when pruned
     overrides: dict = field(default_factory=dict)  # model size overrides
     init: str | None = None  # start from this checkpoint directory instead of a random model
+    #: keep only these language-model layers of `init`, by index (a draft pruned from its trained
+    #: target: the target's vision encoder, embeddings, those layers, final norm and lm_head); None: all
+    init_layers: tuple[int, ...] | None = None
+    #: how pruned steps choose the kept tokens (`batching.select_kept`), one drawn per step
+    prune_strategies: tuple[str, ...] = ("random", "uniform", "salient")
     attend_at: tuple[int, int] = (2, 0)  # (layer, query head) whose attention `attention_loss` guides
 
 
@@ -340,7 +345,8 @@ def _keep(cfg: TrainConfig, batch, gen: torch.Generator) -> torch.Tensor:  # -> 
     n = batch.video_rows.numel()
     ratio = float(torch.empty(1).uniform_(*cfg.keep_range, generator=gen))
     k = max(1, round(ratio * n))
-    strategy = ("random", "uniform", "salient")[int(torch.randint(3, (1,), generator=gen))]
+    strategies = cfg.prune_strategies
+    strategy = strategies[int(torch.randint(len(strategies), (1,), generator=gen))]
     return torch.stack(
         [select_kept(n, k, strategy, batch.token_labels["colour"][b], gen) for b in range(batch.size)]
     )
@@ -387,8 +393,27 @@ def run_phase(
                 )
 
 
+def keep_layers(model, layers: tuple[int, ...]) -> None:
+    """Keep these decoder layers of the language model, in order (its config follows, so it saves and
+    loads as the stock class)."""
+    text = model.config.text_config
+    if not layers or sorted(set(layers)) != list(layers) or not 0 <= layers[-1] < text.num_hidden_layers:
+        raise ValueError(
+            f"init_layers must be increasing indices below {text.num_hidden_layers}, got {layers}"
+        )
+    lm = model.model.language_model
+    lm.layers = torch.nn.ModuleList([lm.layers[i] for i in layers])
+    for i, layer in enumerate(lm.layers):
+        layer.self_attn.layer_idx = i  # its slot in a KV cache
+    text.num_hidden_layers = len(layers)
+    if getattr(text, "layer_types", None) is not None:
+        text.layer_types = [text.layer_types[i] for i in layers]
+
+
 def _phase_key(cfg: TrainConfig, index: int) -> str:
-    fixed = {k: v for k, v in asdict(cfg).items() if k != "phases"}
+    # fields that older configs did not have leave their keys as they were while left at their defaults
+    new = {"init_layers": None, "prune_strategies": TrainConfig.prune_strategies}
+    fixed = {k: v for k, v in asdict(cfg).items() if k != "phases" and not (k in new and v == new[k])}
     phases = [{k: v for k, v in asdict(p).items() if v is not None} for p in cfg.phases]  # unset: as before
     text = json.dumps([fixed, phases[: index + 1]], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -404,6 +429,8 @@ def train(cfg: TrainConfig, log=print, cache: Path | None = None, workers: int =
     if cfg.init is not None:
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(cfg.init, dtype=torch.float32).train()
         set_generation_defaults(model)
+        if cfg.init_layers is not None:
+            keep_layers(model, cfg.init_layers)
     else:
         model = new_model(cfg.role, seed=cfg.seed, **cfg.overrides).train()
     niah = any(p.task == "niah" for p in cfg.phases)

@@ -86,3 +86,41 @@ def test_needle_scores() -> None:
     assert all(right == total for right, total in perfect.values())
     empty = needle_scores("", ref)
     assert empty["colour"] == [0, len(niah_sample(2, SMALL).needles)]
+
+
+def test_the_long_video_draft_widens_function_preservingly_to_a_tenth_of_the_target() -> None:
+    """The committed long-video pair's draft, widened as `hippo bench --long` loads it, computes the
+    trained draft's logits (float64) and reads about 1/10 of the widened target's decoder weights
+    and KV bytes per token."""
+    from hippo.benchmarks.pair import DRAFT_WIDEN, NIAH_DIR, cost_ratios
+    from hippo.benchmarks.tokenizer import processor_inputs
+    from hippo.cli.pair.checkpoint import load_model, load_pair
+    from hippo.cli.pair.niah import FPS, QUESTION
+    from hippo.cli.pair.widen import max_logit_difference, norms_in_input_dtype, widen
+
+    target, _, tokenizer = load_pair(directory=NIAH_DIR)  # also checks the checksums
+    draft = load_model(NIAH_DIR / "draft", torch.float64)
+    wide = widen(draft, **DRAFT_WIDEN[NIAH_DIR.name])
+    inputs = processor_inputs(tokenizer, niah_sample(0, SMALL).video, QUESTION, fps=FPS, dtype=torch.float64)
+    # ~1e-14 for k a power of two; with k = 3 the 1/k-scaled sums round differently ahead of the
+    # attention's softmax, which transformers computes in float32: ~2.5e-7
+    with norms_in_input_dtype():
+        assert max_logit_difference(draft, wide, inputs) < 1e-6
+    ratios = cost_ratios(target, wide)
+    assert all(0.07 <= r <= 0.13 for r in ratios.values()), ratios
+
+
+def test_a_draft_pruned_from_the_target_widens_to_a_tenth_of_it() -> None:
+    """`niah_train --draft-from-target`'s draft (the target's layers 0, 2, 3), widened by its factors."""
+    from hippo.benchmarks.niah_train import DRAFT_LAYERS, FROM_TARGET_WIDEN
+    from hippo.benchmarks.pair import NIAH_DIR, cost_ratios
+    from hippo.benchmarks.train import keep_layers
+    from hippo.cli.pair.checkpoint import load_model, load_pair
+    from hippo.cli.pair.widen import widen
+
+    target = load_pair(directory=NIAH_DIR)[0]
+    draft = load_model(NIAH_DIR / "target", torch.float32)
+    keep_layers(draft, DRAFT_LAYERS)
+    assert draft.config.text_config.num_hidden_layers == len(DRAFT_LAYERS)
+    ratios = cost_ratios(target, widen(draft, **FROM_TARGET_WIDEN))
+    assert all(0.07 <= r <= 0.13 for r in ratios.values()), ratios
