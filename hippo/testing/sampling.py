@@ -36,6 +36,7 @@ from hippo.testing.case import DRAFTING_PAYS, Case
 from hippo.testing.drafters import corrupting_plugin
 from hippo.testing.greedy import make_pipeline, part_names
 from hippo.testing.models import Prompt, eos_ids, pixel_unit, text_ids, tiny, tiny_adapters
+from hippo.testing.prefill import shared_prefill
 from hippo.testing.reference import exact_law, partial_drafts, reference, warpers
 from hippo.testing.report import LosslessViolation, Report, VacuousCheck
 
@@ -256,11 +257,14 @@ def assert_sampling_exact(
         # asked before the check closes the pipeline (close() drops its adapters)
         drafts = getattr(pipe, "draft_adapter", None) is not None
         try:
-            for run in range(n):
-                out = pipe.generate(case.inputs, seed=seed + run, **gen)
-                failure = check.add(out.sequences[0, L:].cpu().tolist(), out.stats)
-                if failure is not None:
-                    raise LosslessViolation(report(f"seeds {seed}..{seed + run}: {failure}", check.details()))
+            with shared_prefill(pipe):  # the prompt's encodings and prefills once (hippo.testing.prefill)
+                for run in range(n):
+                    out = pipe.generate(case.inputs, seed=seed + run, **gen)
+                    failure = check.add(out.sequences[0, L:].cpu().tolist(), out.stats)
+                    if failure is not None:
+                        raise LosslessViolation(
+                            report(f"seeds {seed}..{seed + run}: {failure}", check.details())
+                        )
         finally:
             if owned:
                 pipe.close()

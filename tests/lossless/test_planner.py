@@ -42,6 +42,7 @@ from hippo.testing import models as hm
 from hippo.testing import reference as hr
 from hippo.testing import strategies as hs
 from hippo.testing.drafters import corrupting_plugin
+from hippo.testing.prefill import shared_prefill
 from hippo.testing.sampling import SWITCHING, LawCheck, generation, sampling_case, target_law
 from hippo.types import Stats
 
@@ -495,11 +496,12 @@ def test_switching_samples_the_target_law(scheduler):
     with corrupting_plugin():
         pipe = case.builder(scheduler, costs=SWITCHY).build()  # hippo: the inline executor
         try:
-            for run in range(check.runs):
-                out = pipe.generate(case.inputs, seed=run, **gen)
-                failure = check.add(hr.new_tokens(out.sequences, case.prompt.length), out.stats)
-                assert failure is None, f"{failure}; {check.details()}"
-                mixed += out.stats.target_steps > 0 and out.stats.rounds > 0
+            with shared_prefill(pipe):  # one prefill for all runs (hippo.testing.prefill)
+                for run in range(check.runs):
+                    out = pipe.generate(case.inputs, seed=run, **gen)
+                    failure = check.add(hr.new_tokens(out.sequences, case.prompt.length), out.stats)
+                    assert failure is None, f"{failure}; {check.details()}"
+                    mixed += out.stats.target_steps > 0 and out.stats.rounds > 0
         finally:
             pipe.close()
     res = check.result

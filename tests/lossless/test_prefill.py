@@ -1,0 +1,59 @@
+"""`hippo.testing.prefill.shared_prefill`: a law check's runs share one prefill, and draw exactly what
+they draw without it."""
+
+from __future__ import annotations
+
+import torch
+
+from hippo.testing.drafters import corrupting_plugin
+from hippo.testing.prefill import shared_prefill
+from hippo.testing.sampling import LAW_CONFIGS, config_build, generation, sampling_case
+
+
+def _draws(pipe, case, gen, seeds):
+    return [pipe.generate(case.inputs, seed=s, **gen) for s in seeds]
+
+
+def test_runs_on_a_shared_prefill_draw_what_fresh_runs_draw():
+    """Seed by seed, the same tokens and rounds with and without the shared prefill (serial and the
+    parallel hippo schedule, the target drafting for itself and a separate draft); the prefills are
+    really shared (`hits`), and the adapters are their own again after the block."""
+    gen = generation(0.05, 4, None, None, 6)
+    for cfg, draft in ((LAW_CONFIGS["qwen2_5_vl pearl chain"], "self"), ({}, "draft")):
+        case = sampling_case(draft=draft)
+        with corrupting_plugin():
+            pipe = config_build(cfg)(case).build()
+            try:
+                fresh = _draws(pipe, case, gen, range(12))
+                with shared_prefill(pipe) as memos:
+                    shared = _draws(pipe, case, gen, range(12))
+                assert all(m.hits >= 11 for m in memos), [m.hits for m in memos]
+                assert len(memos) == (1 if draft == "self" else 2)
+                assert "prefill" not in vars(pipe.target_adapter) and "encode" not in vars(
+                    pipe.target_adapter
+                )
+                again = _draws(pipe, case, gen, range(12))
+            finally:
+                pipe.close()
+        for a, b, c in zip(fresh, shared, again):
+            assert torch.equal(a.sequences, b.sequences) and torch.equal(a.sequences, c.sequences)
+            assert a.stats.accepted_per_round == b.stats.accepted_per_round
+
+
+def test_a_static_session_or_a_scorer_keeps_its_own_prefill():
+    """Sessions a static (or compiled) session kind copies are not shared, nor p's prefill when a
+    scorer reads it; q's prefill under a scorer is, and packed sessions (the default) are."""
+    case = sampling_case(draft="draft")
+    with corrupting_plugin():
+        static = case.builder("serial").compile("target", "draft", mode="eager").build()
+        scored = case.builder("serial", scorer="attention", selector="topk").build()
+        try:
+            with shared_prefill(static) as memos:
+                assert [m.share for m in memos] == [False, False]
+            with shared_prefill(scored) as memos:
+                assert [m.share for m in memos] == [False, True]
+                gen = generation(0.05, 4, None, None, 4)
+                outs = _draws(scored, case, gen, range(3))
+            assert all(o.sequences.shape[1] == case.prompt.length + 4 for o in outs)
+        finally:
+            static.close(), scored.close()
