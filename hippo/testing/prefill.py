@@ -29,12 +29,7 @@ from hippo.session import PackedSessions
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.shape == b.shape
-            and bool(torch.equal(a, b))
-        )
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
@@ -71,7 +66,7 @@ class _Memo:
     def memo_prefill(self, encoded: Any, keep: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
         if args or kwargs or not self.share:  # a call this memo does not know: the adapter's own
             return self.prefill(encoded, keep, *args, **kwargs)
-        key = (id(encoded), None if keep is None else tuple(int(i) for i in keep.tolist()))
+        key = (id(encoded), None if keep is None else tuple(keep.tolist()))
         hit = self.sessions.get(key)
         if hit is None:
             session = self.prefill(encoded, keep)
