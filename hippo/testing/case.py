@@ -20,8 +20,8 @@ from hippo.testing.models import Prompt, options_for, tiny
 #: Executors a case can run a parallel schedule's draft on (in this process): "inline" one after the
 #: other, "thread" overlapped on a thread, "simulated" on a virtual clock with the case's timings.
 EXECUTORS = ("inline", "thread", "simulated")
-#: ... and every executor a case may name: "process" runs the draft in its own process (a spawn per
-#: pipeline, seconds each: ask for it explicitly, `executors=("process",)`).
+#: ... and every executor a case may name: "process" runs the draft in its own process (started per
+#: pipeline, the first in seconds: ask for it explicitly, `executors=("process",)`).
 ALL_EXECUTORS = (*EXECUTORS, "process")
 #: dtypes a case's tiny pair may have: float64 (exact), float32 (the packed linear weights are live)
 DTYPES = ("float64", "float32")

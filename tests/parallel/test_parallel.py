@@ -193,6 +193,23 @@ def test_process_executor_is_lossless_and_reusable(scheduler, no_leaks):
     assert pipe.scheduler.executor.pid is None
 
 
+def test_draft_processes_start_from_a_fork_server_that_preloads_the_draft():
+    """Where the platform has a fork server, draft processes are forked from it, and it imports the
+    process executor and the model's module once, not in each draft process."""
+    from multiprocessing import forkserver
+
+    from plugins.process_executor import _context
+
+    target, _ = models()
+    ctx = _context(target, type(target))
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        assert ctx.get_start_method() == "spawn"
+        return
+    assert ctx.get_start_method() == "forkserver"
+    preload = set(forkserver._forkserver._preload_modules)
+    assert {"plugins.process_executor", type(target).__module__} <= preload
+
+
 def test_draft_process_killed_mid_generation(no_leaks, caplog, monkeypatch):
     target, _ = models()
     inputs = make_inputs(3, 56, 84, 3)
