@@ -5,8 +5,9 @@ The lossy plugin is tests/fixtures/lossy (a scheduler that, in a rare state, emi
 without verifying it, and a rejection verifier that draws the recovered token from p); it is
 registered at runtime here, and installed for real in one subprocess test (where `hippo check
 --sampling` must exit 1 on the broken verifier and 0 on its fixed twin), together with the
-third-party example package and its own test suite. The six planted sampling bugs of
-`hippo.testing.planted` must each fail the law test and `hippo check NAME --sampling`.
+third-party example package and its own test suite. The seven planted sampling bugs of
+`hippo.testing.planted` must each fail the law test and `hippo check NAME --sampling` (and each path's
+law check: tests/lossless/test_matrix.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from hippo.testing import (
 )
 from hippo.testing._deps import MissingTestingDependency, require_hypothesis
 from hippo.testing.planted import PLANTED, planted_build, planted_plugin
+from hippo.testing.plugin_check import sampling_plan
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES / "lossy"))
@@ -173,17 +175,22 @@ def test_bad_adapter_is_a_config_error():
         check_plugin("nope")
 
 
-# ---- the law test: six planted sampling bugs, each caught; the honest verifiers pass -----------------
+# ---- the law test: seven planted sampling bugs, each caught; the honest verifiers pass ---------------
 
 ALL_PLANTED = sorted(PLANTED)
 #: Planted bugs that are exact under greedy decoding: `hippo check` passes their greedy stage and its
 #: law stage (`assert_sampling_exact`, the same call) must catch them.
-SAMPLING_ONLY = ("planted_draft_temperature", "planted_residual_from_p", "planted_tree_unnormalised")
+SAMPLING_ONLY = (
+    "planted_draft_temperature",
+    "planted_greedy_collapse",
+    "planted_residual_from_p",
+    "planted_tree_unnormalised",
+)
 
 
-def test_six_planted_bugs():
+def test_seven_planted_bugs():
     kinds = {kind for kind, _ in PLANTED.values()}
-    assert len(PLANTED) == 6 and kinds == {"verifiers", "drafters"} and set(SAMPLING_ONLY) < set(PLANTED)
+    assert len(PLANTED) == 7 and kinds == {"verifiers", "drafters"} and set(SAMPLING_ONLY) < set(PLANTED)
 
 
 @pytest.mark.parametrize("name", [n for n in ALL_PLANTED if n not in SAMPLING_ONLY])
@@ -213,14 +220,36 @@ def test_hippo_check_catches_the_planted_bug(name, capsys):
         assert "check FAILED" in out
 
 
-@pytest.mark.parametrize("name", ["rejection"])  # `tree` is the same rule (hippo.accept), by decoding mode
-def test_hippo_check_passes_the_honest_verifiers(name, capsys):
-    rc = main(["check", name, "--kind", "verifier", "--sampling", "--examples", "1", "--adapter", ADAPTER])
+@pytest.mark.parametrize(
+    ("kind", "name", "plan"),
+    [
+        ("verifiers", "rejection", ["token trees", "default", "conversation turn 2"]),
+        ("verifiers", "planted_residual_from_p", ["token trees", "default", "conversation turn 2"]),
+        ("drafters", "chain", ["default", "conversation turn 2"]),
+        ("drafters", "tree", ["token trees", "default"]),
+        ("schedulers", "serial", ["default", "conversation turn 2"]),
+        ("selectors", "topk", ["default"]),
+    ],
+)
+def test_hippo_check_runs_the_law_on_more_than_one_configuration(kind, name, plan):
+    """`hippo check --sampling` holds a scheduler, drafter or verifier to the paths of the planted-bug
+    matrix it can take part in, targeted ones first; the honest runs of each are tests/lossless (the
+    stock parts) and the installed twin below (`fixed_chain`)."""
+    with planted_plugin():
+        assert sampling_plan(kind, name) == plan
+
+
+def test_hippo_check_names_the_law_check_that_failed(lossy_plugin, capsys):
+    """A held-out drafter bug (q reported before the logits processors: exact under greedy) is caught
+    by the first law check of the drafter's plan, the default case, and the output names that check."""
+    rc = main(
+        ["check", "lossy_unwarped_q", "--sampling", "--examples", "1", "--adapter", ADAPTER, "--no-shrink"]
+    )
     out = capsys.readouterr().out
     print(out)
-    assert rc == 0, out
-    assert "sampling: exact law" in out and "power" in out
-    assert "siblings tested" in out  # a stock verifier verifies token trees: checked on them too
+    assert rc == 1 and "greedy: lossless" in out, out
+    assert "sampling: the law on 2 configurations: default, conversation turn 2" in out
+    assert "the law check on the default case FAILED" in out
 
 
 # ---- installed for real: the lossy package and the third-party package with its own suite -------------
@@ -240,8 +269,11 @@ def test_installed_plugins_with_hippo_check_and_their_own_suite(installed_fixtur
     )
     assert raising.returncode == 1, raising.stdout + raising.stderr
     assert "scheduler 'lossy_raising' from hippo-lossy-example 0.1.0 raised RuntimeError" in raising.stdout
-    # a verifier whose only bug is the residual (drawn from p): exact under greedy, caught in law
-    for name, status in (("lossy_residual_from_p", 1), ("fixed_rejection", 0)):
+    # a verifier whose only bug is the residual (drawn from p): exact under greedy, caught in law; the
+    # held-out drafter's fixed twin passes every law check of its plan, at full power (its bug,
+    # `lossy_unwarped_q`, is caught in process above: test_hippo_check_names_the_law_check_that_failed)
+    runs = (("lossy_residual_from_p", 1, "verifier"), ("fixed_chain", 0, "drafter"))
+    for name, status, kind in runs:
         check = subprocess.run(
             [*hippo_cli, "check", name, "--sampling", "--examples", "1", "--adapter", ADAPTER, "--no-shrink"],
             capture_output=True,
@@ -250,7 +282,7 @@ def test_installed_plugins_with_hippo_check_and_their_own_suite(installed_fixtur
             timeout=600,
         )
         assert check.returncode == status, check.stdout + check.stderr
-        assert f"verifier {name!r} from hippo-lossy-example 0.1.0" in check.stdout
+        assert f"{kind} {name!r} from hippo-lossy-example 0.1.0" in check.stdout
         assert ("sampling check FAILED" in check.stdout) == (status == 1), check.stdout
     # the third party's own suite, on the public API and the pytest plugin's --hippo-examples
     suite = subprocess.run(

@@ -15,7 +15,8 @@ position, both tokens and a one-line reproduction. From the shell: `hippo check 
 Modules: `models` (registry discovery, tiny models, prompts), `strategies` (hypothesis strategies),
 `case` (`Case`), `drafters` (the corrupting drafter), `reference` (target.generate, exact laws),
 `report`, `greedy` and `sampling` (the checks), `power` (the law check's statistics and power:
-`python -m hippo.testing.sampling`), `planted` (six planted sampling bugs the law check must catch),
+`python -m hippo.testing.sampling`), `planted` (seven planted sampling bugs the law check must catch),
+`matrix` (the planted bugs × the paths with a law check: `python -m hippo.testing.matrix`),
 `plugin_check` (`hippo check`), `pytest_plugin`.
 
 Names are loaded lazily, so that the pytest plugin (registered for every pytest run once hippo is

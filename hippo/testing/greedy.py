@@ -169,6 +169,8 @@ def make_pipeline(build: Build, case: Case) -> tuple[Any, bool]:
     made = build(case)
     if isinstance(made, hippo.PipelineBuilder):
         return made.build(), True
+    if getattr(made, "closes_with_check", False):  # a wrapper the check's build made (`sampling.BatchRow`)
+        return made, True
     if not hasattr(made, "generate"):
         raise HippoError(
             f"build(case) returned {type(made).__name__}; it must return a hippo.PipelineBuilder or a "

@@ -12,9 +12,12 @@ normal way, by a plugin object (`planted_plugin()`), so it runs inside a real pi
 | planted_bonus_from_q      | after a fully accepted round, the bonus token is drawn from q_γ, not p_γ |
 | planted_off_by_one        | x_i is checked against p_{i+1} (the row after its own)                  |
 | planted_tree_unnormalised | tree verification: after a rejected child, the next sibling is tested against max(0, r - q_j) without renormalising it |
+| planted_greedy_collapse   | decodes greedily while asked to sample: accepts a draft token iff it is p's argmax, then emits p's argmax |
 
-Under greedy decoding (one-hot laws) the residual, draft-temperature and tree bugs change nothing:
-only the law test can see them. The other three also break greedy decoding.
+Under greedy decoding (one-hot laws) the residual, draft-temperature, tree and greedy-collapse bugs
+change nothing: only the law test can see them. The other three also break greedy decoding. Which
+paths exercise each bug, and the look at which each path's law check catches it:
+`python -m hippo.testing.matrix` (`hippo.testing.matrix`).
 Notation: p = target, q = draft, γ = draft length, r = the residual target at a tree node.
 """
 
@@ -73,7 +76,9 @@ class _PlantedRule(TreeVerifier):
     """The stock verifier with one planted step (`rule_options`) when sampling."""
 
     rule_options: dict[str, Any] = {}
-    trees = False  # checked on chains; `TreeUnnormalised`, whose bug is between siblings, on trees
+    trees = True  # it verifies token trees too (`_rule` walks the children), so every path can run it
+    #: its bug is between siblings: `planted_build` checks it on trees (the others on chains)
+    siblings = False
 
     def verify(self, proposal: DraftProposal, p_scores: torch.Tensor, policy: TokenPolicy) -> Verdict:
         return _rule(proposal, policy.distribution(p_scores), policy.generator, **type(self).rule_options)
@@ -145,7 +150,30 @@ class TreeUnnormalised(_PlantedRule):
     """After a rejected sibling, the next one is tested against max(0, r - q_j), not renormalised."""
 
     rule_options = {"recover": _unnormalised}
-    trees = True
+    siblings = True
+
+
+class GreedyCollapse(TreeVerifier):
+    """Decodes greedily while asked to sample: a draft token is accepted iff it is p's argmax there,
+    and the token after the accepted path is p's argmax (no draw). Its output is always the likeliest
+    path, token by token: on a law check whose likeliest sequence holds <= 0.9 of the mass
+    (`sampling.MAX_MODE`) it is at total variation >= 0.1 from the target's law."""
+
+    siblings = False
+
+    def verify(self, proposal: DraftProposal, p_scores: torch.Tensor, policy: TokenPolicy) -> Verdict:
+        if not policy.do_sample:
+            return super().verify(proposal, p_scores, policy)
+        p = policy.distribution(p_scores).double().cpu()  # [n+1, V]
+        children, tokens = proposal.children(), proposal.tokens.tolist()
+        path, row = [], 0
+        while True:
+            best = int(p[row].argmax())
+            child = next((c for c in children[row] if tokens[c] == best), None)
+            if child is None:
+                return Verdict(tuple(path), best)
+            path.append(child)
+            row = child + 1
 
 
 #: name -> (kind, class): the planted parts.
@@ -156,6 +184,7 @@ PLANTED: dict[str, tuple[str, type]] = {
     "planted_bonus_from_q": ("verifiers", BonusFromQ),
     "planted_off_by_one": ("verifiers", OffByOne),
     "planted_tree_unnormalised": ("verifiers", TreeUnnormalised),
+    "planted_greedy_collapse": ("verifiers", GreedyCollapse),
 }
 
 
@@ -184,7 +213,7 @@ def planted_build(name: str) -> Callable[[Any], Any]:
     def build(case: Any) -> Any:
         if kind == "drafters":
             return case.builder(drafter=name)
-        if cls.trees:  # its bug is between siblings: check it on trees (TREE_SETTINGS)
+        if getattr(cls, "siblings", False):  # its bug is between siblings: check it on trees (TREE_SETTINGS)
             return case.builder(drafter="tree", verifier=name)
         return case.builder(verifier=name)
 

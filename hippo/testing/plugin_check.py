@@ -5,9 +5,13 @@ with its report) and raises a HippoError for bad usage (exit 2): an unknown name
 under several kinds without `kind`, a part that cannot be built with its defaults (the message names
 the missing options), a plugin whose registration hook raises (the message names its distribution).
 The batch check (`hippo.testing.batch`) follows: the part inside a continuous batch, with rows joining
-mid-flight and cancelled. With `sampling`, the law test (`assert_sampling_exact`) runs on its default case; a verifier of token
-trees (one with `Verifier.trees`) is given the tree drafter, and tree parts are first checked with
-TREE_SETTINGS, where siblings are tested.
+mid-flight and cancelled. With `sampling`, the law test runs on more than one configuration
+(`sampling_plan`), each a path of the planted-bug matrix (`hippo.testing.matrix`) the part can take
+part in, in order, the first that fails stopping the check: token trees with siblings tested
+(TREE_SETTINGS) for tree parts (a verifier of token trees, one with `Verifier.trees`, is given the
+tree drafter); the default case (`assert_sampling_exact`, serial chain drafting) for every part; and
+a conversation's later turn (SECOND_TURN: a cached context, γ = 3, the serial schedule, or the part
+as the scheduler) for schedulers, drafters and verifiers.
 """
 
 from __future__ import annotations
@@ -111,6 +115,38 @@ class plugin_build:  # noqa: N801 - used like a function in reproduction lines
         return f"plugin_build({self.kind!r}, {self.name!r})"
 
 
+def sampling_plan(kind: str, name: str) -> list[str]:
+    """The law checks `hippo check NAME --sampling` runs on the part, in order (see the module doc):
+    "token trees" (tree parts: siblings are tested there only), "default" (where the chain bugs of the
+    planted-bug matrix are caught soonest: `python -m hippo.testing.matrix`), "conversation turn 2"."""
+    tree = (kind == "verifiers" and is_tree_verifier(part_class(kind, name))) or (
+        kind == "drafters" and name == "tree"
+    )
+    plan = ["token trees", "default"] if tree else ["default"]
+    if kind in ("schedulers", "drafters", "verifiers") and not (kind == "drafters" and name == "tree"):
+        plan.append("conversation turn 2")
+    return plan
+
+
+def _sampling_check(which: str, kind: str, name: str, build: Any, adapter: str, seed: int) -> Any:
+    from hippo.testing.sampling import TREE_SETTINGS, assert_sampling_exact, second_turn_check
+
+    if which == "token trees":
+        return assert_sampling_exact(build, adapter=adapter, seed=seed, **TREE_SETTINGS)
+    if which == "conversation turn 2":
+        part = {"schedulers": "scheduler", "drafters": "drafter", "verifiers": "verifier"}[kind]
+        return second_turn_check(seed=seed, adapter=adapter, **{part: name})
+    return assert_sampling_exact(build, adapter=adapter, seed=seed)
+
+
+#: what each law check of `sampling_plan` is, in `hippo check`'s output
+SAMPLING_LABELS = {
+    "token trees": "token trees with siblings tested",
+    "conversation turn 2": "a conversation's later turn from a cached context",
+    "default": "the default case",
+}
+
+
 @attrs.define
 class CheckResult:
     kind: str
@@ -118,6 +154,7 @@ class CheckResult:
     source: str
     status: int = 0  # 0 lossless, 1 counterexample
     lines: list = attrs.field(factory=list)
+    stage: str = "greedy"  # the check running (or that failed): "greedy" or one of `sampling_plan`'s
 
     def text(self) -> str:
         return "\n".join(self.lines)
@@ -151,7 +188,7 @@ def check_plugin(
     from hippo.testing.greedy import assert_greedy_lossless
     from hippo.testing.models import tiny_adapters
     from hippo.testing.report import LosslessViolation, VacuousCheck
-    from hippo.testing.sampling import TREE_SETTINGS, assert_sampling_exact, default_adapter
+    from hippo.testing.sampling import default_adapter
 
     if examples < 1:
         raise ConfigError(f"--examples must be >= 1, got {examples}")
@@ -189,24 +226,25 @@ def check_plugin(
         )
         res.lines.append(f"batched: lossless on {batch.summary()}")
         if sampling:
-            tree = (kind == "verifiers" and is_tree_verifier(part_class(kind, name))) or (
-                kind == "drafters" and name == "tree"
-            )
             adapter = (adapters or [default_adapter()])[0]
-            if tree:  # the sibling rule first: the targeted check catches its bugs in a few hundred runs
-                law = assert_sampling_exact(build, adapter=adapter, seed=seed, **TREE_SETTINGS)
-                res.lines.append(f"sampling, token trees with siblings tested: exact law, {law.summary()}")
-            law = assert_sampling_exact(build, adapter=adapter, seed=seed)
-            res.lines.append(f"sampling: exact law, {law.summary()}")
+            plan = sampling_plan(kind, name)
+            res.lines.append(f"sampling: the law on {len(plan)} configurations: {', '.join(plan)}")
+            for which in plan:
+                res.stage = which
+                law = _sampling_check(which, kind, name, build, adapter, seed)
+                res.lines.append(f"sampling, {SAMPLING_LABELS[which]}: exact law, {law.summary()}")
     except LosslessViolation as exc:
         res.status = 1
+        if res.stage != "greedy":
+            res.lines.append(f"sampling: the law check on {SAMPLING_LABELS[res.stage]} FAILED")
         res.lines.append(exc.report.format())
         res.lines.append(
             f"  or run: hippo check {name} --kind {kind[:-1]} --examples {examples} --seed {seed}"
         )
     except VacuousCheck as exc:
         res.status = 1
-        res.lines.append(f"hippo.testing: the check proved nothing: {exc}")
+        where = "" if res.stage == "greedy" else f" (the law check on {SAMPLING_LABELS[res.stage]})"
+        res.lines.append(f"hippo.testing: the check proved nothing{where}: {exc}")
     except Flaky as exc:  # failed, then passed on the same case: the part is not deterministic
         res.status = 1
         inner = [e for e in getattr(exc, "exceptions", ()) if isinstance(e, LosslessViolation)]

@@ -16,9 +16,11 @@ check detects every such sampler with probability at least
     min over sets A of P_{O ~ Binomial(N, P(A) ± ε)}(the test on A rejects),
 computed exactly (`worst_power`). A shift on a set with P(A) near 1/2 is the hardest to see; a
 peaked law (one sequence holding most of P) has no such set, which is why the law tests sample
-low-temperature, top-k heads and why N depends on the law (`runs_for`).
+low-temperature, top-k heads and why N depends on the law (`runs_for`). But no more peaked than
+`sampling.MAX_MODE` (the likeliest sequence <= 0.9): a pipeline that never samples must be at least
+2 ε away, so N is about 2000 for every check.
 
-Sequential looks: a check tests after N/4, N/2 and N runs (each look at α / 3 of its level) and
+Sequential looks: a check tests after N/10, 3N/10 and N runs (each look at α / 3 of its level) and
 stops at the first that rejects; a broken pipeline is usually caught at the first look, an exact
 one runs all N. The power above is that of the last look alone (a lower bound).
 
@@ -41,18 +43,19 @@ import torch
 
 #: False-alarm rate of the whole suite per CI run, split evenly (Bonferroni) over its law checks.
 SUITE_ALPHA = 1e-3
-#: Law checks of exact pipelines in one suite run, counted with room to spare: the configurations of
-#: tests/lossless/test_sampling.py, the honest checks of tests/test_testing.py (`hippo check
-#: --sampling` on the rejection and tree verifiers, the temperature calibration) and the other
-#: suites' calls of `assert_sampling_exact` and `LawCheck` (a conversation's second turn, the
-#: planner's switching).
+#: Law checks of exact pipelines in one suite run with `-m matrix` included, counted with room to
+#: spare: the 11 configurations of tests/lossless/test_sampling.py, the installed honest twin of
+#: tests/test_testing.py (`hippo check fixed_chain --sampling`: 2 checks) and the planner's switching
+#: x 2: 15. The coupled checks (`hippo.testing.coupled`) cannot raise a false alarm, and the
+#: planted-bug matrix (tests/lossless/test_matrix.py) runs broken pipelines: a rejection there is the
+#: expected outcome.
 SUITE_CHECKS = 25
 ALPHA = SUITE_ALPHA / SUITE_CHECKS  # 4e-5 per check
 EPSILON = 0.05  # the total-variation error every check must detect ...
 POWER = 0.95  # ... with at least this probability
 CELL_MIN = 0.002  # sequences less likely than this share one cell
 MAX_CELLS = 8
-LOOKS = (0.25, 0.5, 1.0)  # fractions of N at which a check tests
+LOOKS = (0.1, 0.3, 1.0)  # fractions of N at which a check tests (a broken pipeline stops early)
 
 
 # ---- binomial tails, exact in float64 ---------------------------------------------------------

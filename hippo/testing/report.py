@@ -55,9 +55,11 @@ def _tok(token: Any) -> str:
 class LosslessViolation(AssertionError):
     """A pipeline's output is not the target's (greedy) or not its law (sampling)."""
 
-    def __init__(self, report: Report):
+    def __init__(self, report: Report, result: Any = None):
         super().__init__(report.format())
         self.report = report
+        #: the law check's `SamplingResult` when a law check failed (runs, looks taken), else None
+        self.result = result
 
 
 class VacuousCheck(AssertionError):

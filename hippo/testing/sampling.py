@@ -6,12 +6,15 @@ forward passes and processed with the logits processors `generate` applies (repe
 temperature, top-k, top-p). It fails (`LosslessViolation`):
 - at once, when a run emits a sequence P gives probability 0 (a token the target cannot emit);
 - when an exact binomial test on the number of runs in some set of outcomes rejects
-  (`hippo.testing.power`): level `alpha` (Bonferroni over the sets and the looks at N/4, N/2, N),
+  (`hippo.testing.power`): level `alpha` (Bonferroni over the sets and the looks at N/10, 3N/10, N),
   power at least `power` against every sampler whose law is at total variation `epsilon` from P.
 `runs=None` picks the smallest N with that power (`power.runs_for`); a law too flat to reach it
 within `max_runs` raises `VacuousCheck` before sampling (lower the temperature). The tests sample
 *peaked* heads (low temperature, top-k): the tiny random models' logits are nearly flat (std 0.16),
-and a flat law needs thousands of runs to see a 5% error.
+and a flat law needs thousands of runs to see a 5% error. But not too peaked: the likeliest sequence
+must hold at most MAX_MODE = 0.9 of the law (`VacuousCheck` otherwise), so that a pipeline that never
+samples (greedy decoding under do_sample=True) is at TV >= 0.1 and fails. Which planted bugs each
+path's check catches, and at which look: `python -m hippo.testing.matrix`.
 
 The default case makes every step of speculative sampling matter: the target drafts for itself from
 a pruned video (q close to, but not, p), γ = 2, and the second draft position of each round is
@@ -41,6 +44,12 @@ from hippo.testing.reference import exact_law, partial_drafts, reference, warper
 from hippo.testing.report import LosslessViolation, Report, VacuousCheck
 
 MAX_OUTCOMES = 4096
+#: The most a law check's likeliest sequence may hold of the target's law. A pipeline that decodes
+#: greedily while asked to sample emits that one sequence every run: it is at total variation
+#: 1 - P(mode) from the target's law, so on a law with P(mode) <= 0.9 it is at least 2 x EPSILON away
+#: and every check with the stated power sees it (`planted_greedy_collapse`). `LawCheck.plan` refuses a
+#: more peaked law (`VacuousCheck`).
+MAX_MODE = 0.9
 # per process: enumerated laws (float64, exact), by case and settings
 _LAWS: dict[tuple, dict[tuple[int, ...], float]] = {}
 
@@ -62,7 +71,7 @@ DEFAULTS: dict[str, Any] = {
 #: sees a quarter of the video and the law is cut to three tokens per position (top_k 3), so first
 #: children are often rejected and siblings tested, on a law still peaked enough for a stated power
 #: (`python -m hippo.testing.sampling` prints it; the planted `planted_tree_unnormalised` fails it).
-TREE_SETTINGS: dict[str, Any] = {"keep_ratio": 0.25, "temperature": 0.005, "top_k": 3}
+TREE_SETTINGS: dict[str, Any] = {"keep_ratio": 0.25, "temperature": 0.0098, "top_k": 3}
 
 
 @attrs.define
@@ -81,6 +90,7 @@ class SamplingResult:
     partial_rounds: int = 0
     rejected_rounds: int = 0
     looks: list = attrs.field(factory=list)  # runs at each look taken
+    planned: int = 0  # N: the runs the check plans (it stops earlier when it fails)
 
     def summary(self) -> str:
         return (
@@ -197,6 +207,8 @@ def assert_sampling_exact(
     seed: int = 0,
     sensitivity: None = None,
     delta: float | None = None,
+    require_power: bool = True,
+    max_mode: float = MAX_MODE,
 ) -> SamplingResult:
     """Check that `build(case)`'s pipeline samples exactly the target's law (see the module docstring).
 
@@ -205,10 +217,13 @@ def assert_sampling_exact(
     q's second choice (`corrupt`) and the executor of a parallel schedule. Runs use seeds seed,
     seed+1, ... with do_sample=True and the given temperature, top_k, top_p, repetition_penalty and
     new_tokens. `runs=None` picks N for `power` against a total-variation error `epsilon` at level
-    `alpha`; an explicit `runs` is used as is (its power is reported). `delta` is the old name of
-    `alpha`; `sensitivity` (the former surprisal test's) must be None.
-    Raises `LosslessViolation` with a report when the law is off, `VacuousCheck` when the check could
-    prove nothing (too flat a law for `max_runs`, or no drafting accepted in part).
+    `alpha`; an explicit `runs` must reach that power too (`VacuousCheck` otherwise), unless
+    `require_power=False` (a smoke run: its power is only reported). The target's law must give its
+    likeliest sequence at most `max_mode` (`MAX_MODE`: a greedy collapse is then visible). `delta` is
+    the old name of `alpha`; `sensitivity` (the former surprisal test's) must be None.
+    Raises `LosslessViolation` with a report when the law is off (at the first look that rejects),
+    `VacuousCheck` when the check could prove nothing (too flat a law for `max_runs`, too few `runs`,
+    too peaked a law, or no drafting accepted in part).
     """
     if sensitivity is not None:
         raise ConfigError(
@@ -231,7 +246,15 @@ def assert_sampling_exact(
         f"temperature={temperature:g}, top_k={top_k}, top_p={top_p}, repetition_penalty={repetition_penalty}"
     )
     check = LawCheck.plan(
-        law, runs=runs, max_runs=max_runs, alpha=alpha, epsilon=epsilon, power=power, settings=settings
+        law,
+        runs=runs,
+        max_runs=max_runs,
+        alpha=alpha,
+        epsilon=epsilon,
+        power=power,
+        settings=settings,
+        require_power=require_power,
+        max_mode=max_mode,
     )
     res, n = check.result, check.runs
     gen = generation(temperature, top_k, top_p, repetition_penalty, new_tokens)
@@ -257,13 +280,13 @@ def assert_sampling_exact(
         # asked before the check closes the pipeline (close() drops its adapters)
         drafts = getattr(pipe, "draft_adapter", None) is not None
         try:
-            with shared_prefill(pipe):  # the prompt's encodings and prefills once (hippo.testing.prefill)
+            with shared_prefill(pipe):
                 for run in range(n):
                     out = pipe.generate(case.inputs, seed=seed + run, **gen)
                     failure = check.add(out.sequences[0, L:].cpu().tolist(), out.stats)
                     if failure is not None:
                         raise LosslessViolation(
-                            report(f"seeds {seed}..{seed + run}: {failure}", check.details())
+                            report(f"seeds {seed}..{seed + run}: {failure}", check.details()), res
                         )
         finally:
             if owned:
@@ -280,7 +303,7 @@ class LawCheck:
     `assert_sampling_exact` drives it for `pipeline.generate` on its fixed case; a test that samples
     another way (a conversation's turn, ...) plans one on the target's exact law of that prompt,
     `add`s each run's tokens and stats, and fails with the message `add` returns. The level, the
-    looks at N/4, N/2, N and the power are those of `assert_sampling_exact`.
+    looks at N/10, 3N/10, N and the power are those of `assert_sampling_exact`.
     """
 
     law: dict[tuple[int, ...], float]
@@ -302,9 +325,14 @@ class LawCheck:
         epsilon: float = pw.EPSILON,
         power: float = pw.POWER,
         settings: str = "",
+        require_power: bool = True,
+        max_mode: float = MAX_MODE,
     ) -> LawCheck:
         """The check of `law`: `runs` runs (None: the fewest with `power` against a TV `epsilon` error
-        at level `alpha`; `VacuousCheck` when `max_runs` do not reach it)."""
+        at level `alpha`). `VacuousCheck` before any run when `max_runs`, or the explicit `runs`, do not
+        reach that power (`require_power=False`: an explicit `runs` is taken as is, its power only
+        reported), or when the law's likeliest sequence holds more than `max_mode` of it (a pipeline
+        that never samples would pass)."""
         if not 0 < alpha < 1 or not 0 < epsilon < 1 or not 0 < power < 1:
             raise ConfigError(f"alpha, epsilon and power must be in (0, 1), got {alpha}, {epsilon}, {power}")
         groups = pw.cells(law)
@@ -317,7 +345,22 @@ class LawCheck:
             power=pw.worst_power(probs, n, alpha, epsilon),
             epsilon=epsilon,
             alpha=alpha,
+            planned=n,
         )
+        top = max(law.values())
+        if top > max_mode:
+            raise VacuousCheck(
+                f"the target's law here is too peaked: its likeliest sequence holds {top:.3f} of it, more "
+                f"than max_mode = {max_mode:g}, so a pipeline that never samples (greedy decoding under "
+                f"do_sample=True) is only TV {1 - top:.3f} away ({len(law)} outcomes"
+                f"{', ' + settings if settings else ''}): raise the temperature or top_k"
+            )
+        if runs is not None and res.power < power and require_power:
+            raise VacuousCheck(
+                f"runs={runs} detect a TV {epsilon:g} error with power {res.power:.3f} only, not {power:g} "
+                f"({len(law)} outcomes, mode {res.mode:.3f}{', ' + settings if settings else ''}): leave "
+                f"runs=None (the check picks the N it needs), or pass require_power=False for a smoke run"
+            )
         if runs is None and res.power < power:
             raise VacuousCheck(
                 f"the target's law here is too flat: {max_runs} runs (max_runs) detect a TV {epsilon:g} "
@@ -384,31 +427,31 @@ class LawCheck:
 LAW_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen2_5_vl hippo chain top_p": {
         "scheduler": "hippo",
-        "temperature": 0.0075,
+        "temperature": 0.01,
         "top_k": None,
         "top_p": 0.99,
     },
-    "qwen3_vl serial chain top_k=3": {"adapter": "qwen3_vl", "temperature": 0.001, "top_k": 3},
+    "qwen3_vl serial chain top_k=3": {"adapter": "qwen3_vl", "temperature": 0.0031, "top_k": 3},
     "llava_onevision hippo chain repetition_penalty": {
         "adapter": "llava_onevision",
         "scheduler": "hippo",
-        "temperature": 0.002,
+        "temperature": 0.0033,
         "repetition_penalty": 1.3,
     },
     "video_salmonn2_plus serial tree": {
         "adapter": "video_salmonn2_plus",
         "drafter": "tree",
-        "temperature": 0.002,
+        "temperature": 0.0031,
     },
     # pearl verifies a drafting in chunks (x_1 alone, then the rest), each booked as a round
-    "qwen2_5_vl pearl chain": {"scheduler": "pearl", "temperature": 0.005},
+    "qwen2_5_vl pearl chain": {"scheduler": "pearl", "temperature": 0.01},
     # a static tree with three children at the root: siblings tested after a rejected first child
     "qwen2_5_vl serial_tree static tree": {
         "scheduler": "serial_tree",
         "drafter": "tree",
         "drafter_options": {"paths": ((0, 0), (1, 0), (2,))},
         "keep_ratio": 0.25,
-        "temperature": 0.005,
+        "temperature": 0.0098,
         "top_k": 3,
     },
     # a dynamic (best-first) tree, the draft on its own thread with its forked policy; from a quarter
@@ -419,7 +462,7 @@ LAW_CONFIGS: dict[str, dict[str, Any]] = {
         "drafter_options": {"budget": 6, "top_k": 2},
         "executor": "thread",
         "keep_ratio": 0.25,
-        "temperature": 0.005,
+        "temperature": 0.01,
     },
     # γ from the cost model, round by round: serial on fixed costs under which drafting pays (on the
     # measured ones the target drafting for itself costs as much as verifying, and the planner keeps
@@ -430,47 +473,167 @@ LAW_CONFIGS: dict[str, dict[str, Any]] = {
         "gamma": "auto",
         "scheduler_options": {"costs": DRAFTING_PAYS},
         "keep_ratio": 1.0,
-        "temperature": 0.005,
+        "temperature": 0.01,
     },
-    "qwen2_5_vl hippo chain gamma=auto": {"scheduler": "hippo", "gamma": "auto", "temperature": 0.005},
+    "qwen2_5_vl hippo chain gamma=auto": {"scheduler": "hippo", "gamma": "auto", "temperature": 0.01},
+    # scheduler="auto" on fixed costs under which drafting pays: it picks a drafting schedule per job
+    "qwen2_5_vl auto chain": {"scheduler": "auto", "temperature": 0.01},
+    # the draft in its own process (spawned once per pipeline: seconds)
+    "qwen2_5_vl hippo chain process executor": {
+        "scheduler": "hippo",
+        "executor": "process",
+        "temperature": 0.01,
+    },
 }
 
+#: The compiled target (tests/lossless/test_static.py): the target on a static KV cache with a
+#: compiled forward ("compile": the roles), serial chain drafting on the default case. It promises the
+#: eager pipeline's draws seed by seed ("couple": `coupled_config_check` against the same configuration
+#: without "compile", whose law `hippo check --sampling` and the serial path check at full power).
+COMPILED_TARGET: dict[str, Any] = {"compile": ("target",), "couple": True}
 
-def config_build(cfg: dict[str, Any], verifier: str | None = None) -> Callable[[Case], Any]:
-    """The pipeline a LAW_CONFIGS entry checks: `case.builder` with its scheduler (and
-    "scheduler_options"), drafter and `verifier`; "drafter_options" (a tree's shape) replace the
-    drafter, and with it the corrupting wrapper (which passes trees through unchanged)."""
-    scheduler, drafter = cfg.get("scheduler", "serial"), cfg.get("drafter", "chain")
+#: A row of a batch (tests/lossless/test_batched.py): the default case decoded as the second row of a
+#: batch of two (`BatchRow`), beside a row of another video and length. It promises batch 1's draws
+#: with the same γ and seed ("couple").
+BATCHED: dict[str, Any] = {"batch": True, "couple": True}
+#: the keys of a configuration that make it a coupled path, not a configuration of its own
+PATH_KEYS = ("batch", "compile", "couple")
+
+
+class BatchRow:
+    """A pipeline whose `generate` decodes its prompt as the second row of a batch of two
+    (`generate_batch`): the other row (another video and length, its own seed) drafts, rejects and
+    finishes beside it. Every answer's stats say the batched engine ran ("batch of 2" in its notes)."""
+
+    closes_with_check = True  # built by `config_build`: the check closes it
+
+    def __init__(self, pipe: Any, other: dict):
+        self.pipe, self.other = pipe, other
+
+    def generate(self, inputs: dict, seed: int | None = None, **gen: Any) -> Any:
+        other = None if seed is None else seed + 10**6
+        out = self.pipe.generate_batch([self.other, inputs], seeds=[other, seed], **gen)[1]
+        if not any("batch of 2" in n for n in out.stats.notes):
+            raise AssertionError(f"the row was not decoded in a batch: {out.stats.notes}")
+        return out
+
+    def close(self) -> None:
+        self.pipe.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pipe, name)
+
+
+def config_build(
+    cfg: dict[str, Any], verifier: str | None = None, drafter: str | None = None
+) -> Callable[[Case], Any]:
+    """The pipeline a LAW_CONFIGS entry (or COMPILED_TARGET, BATCHED) checks: `case.builder` with its
+    scheduler (and "scheduler_options"), drafter (or `drafter`) and `verifier`; "drafter_options" (a
+    tree's shape) replace the drafter, and with it the corrupting wrapper (which passes trees through
+    unchanged); "compile" compiles those roles; "batch" decodes each run as a row of a batch
+    (`BatchRow`)."""
+    scheduler, drafter = cfg.get("scheduler", "serial"), drafter or cfg.get("drafter", "chain")
 
     def build(case: Case) -> Any:
         b = case.builder(scheduler, drafter=drafter, verifier=verifier, **cfg.get("scheduler_options", {}))
         if "drafter_options" in cfg:
             b.drafter(drafter, **cfg["drafter_options"])
+        if cfg.get("compile"):
+            b.compile(*cfg["compile"])
+        if cfg.get("batch"):
+            target = case.target
+            unit = pixel_unit(target)
+            other = Prompt(case.adapter, target, (3, unit, 2 * unit), 6, [], []).inputs
+            return BatchRow(b.build(), other)
         return b
 
     return build
 
 
-def config_check(cfg: dict[str, Any], verifier: str | None = None, **options: Any) -> SamplingResult:
-    """`assert_sampling_exact` on a LAW_CONFIGS entry (with `verifier`, and `options` overriding)."""
+def config_check(
+    cfg: dict[str, Any], verifier: str | None = None, drafter: str | None = None, **options: Any
+) -> SamplingResult:
+    """`assert_sampling_exact` on a LAW_CONFIGS entry (with `verifier` or `drafter` in place of the
+    stock ones, and `options` overriding); a coupled path's (`cfg["couple"]`) is `coupled_config_check`."""
+    if cfg.get("couple"):
+        return coupled_config_check(cfg, verifier, drafter, **options)
     settings = {k: v for k, v in cfg.items() if k in DEFAULTS}
     return assert_sampling_exact(
-        config_build(cfg, verifier),
+        config_build(cfg, verifier, drafter),
         adapter=cfg.get("adapter"),
         executor=cfg.get("executor", "inline"),
         **{**settings, **options},
     )
 
 
+def _run(pipe: Any, inputs: dict, length: int, gen: dict[str, Any]) -> Callable[[int], tuple[list[int], Any]]:
+    def run(seed: int) -> tuple[list[int], Any]:
+        out = pipe.generate(inputs, seed=seed, **gen)
+        return out.sequences[0, length:].cpu().tolist(), out.stats
+
+    return run
+
+
+def coupled_config_check(
+    cfg: dict[str, Any], verifier: str | None = None, drafter: str | None = None, *, seed: int = 0
+) -> Any:
+    """The check of a coupled path (COMPILED_TARGET, BATCHED: `cfg["couple"]`): the path, with `verifier`
+    or `drafter` in place of the stock ones, draws on `coupled_runs()` seeds what the honest
+    configuration without its path keys (`PATH_KEYS`) draws (`hippo.testing.coupled`); that
+    configuration's law is checked at full power. Returns a `CoupledResult`."""
+    from hippo.testing.coupled import assert_same_draws
+
+    opts = {**DEFAULTS, **{k: v for k, v in cfg.items() if k in DEFAULTS}}
+    case = sampling_case(
+        cfg.get("adapter"),
+        draft=opts["draft"],
+        gamma=opts["gamma"],
+        keep_ratio=opts["keep_ratio"],
+        new_tokens=opts["new_tokens"],
+        corrupt=opts["corrupt"],
+        executor=cfg.get("executor", "inline"),
+    )
+    gen = generation(
+        opts["temperature"], opts["top_k"], opts["top_p"], opts["repetition_penalty"], opts["new_tokens"]
+    )
+    reference_cfg = {k: v for k, v in cfg.items() if k not in PATH_KEYS}
+    path_name = " and ".join(k for k in ("batch", "compile") if cfg.get(k)) or "path"
+    what = {
+        "batch": "a batch row must draw what batch 1 draws with the same γ and seed",
+        "compile": "a compiled target must draw what the eager one draws",
+    }.get(path_name, "the path must draw what its reference draws")
+    L = case.prompt.length
+    with corrupting_plugin():
+        path, owned = make_pipeline(config_build(cfg, verifier, drafter), case)
+        reference, _ = make_pipeline(config_build(reference_cfg), case)
+        try:
+            return assert_same_draws(
+                _run(path, case.inputs, L, gen),
+                _run(reference, case.inputs, L, gen),
+                what=what,
+                case=case.short() + f", {path_name}",
+                parts=part_names(path),
+                reproduce=(
+                    f"coupled_config_check({cfg!r}, verifier={verifier!r}, drafter={drafter!r}, seed={seed})"
+                ),
+                seed=seed,
+            )
+        finally:
+            reference.close()
+            if owned:
+                path.close()
+
+
 #: A conversation's second turn (tests/lossless/test_conversation.py): `sampling_case`'s video and
 #: text, question 1 (the case's text after the video) answered greedily with `answer` tokens from a
 #: cached context, then question 2 (`question`: text-id picks) sampled; its law is the target's on
-#: the whole turn-2 prompt.
+#: the whole turn-2 prompt. The serial schedule (it draws bonus tokens; the parallel ones' cached
+#: contexts are checked greedily in test_conversation.py, and their sampling rule in LAW_CONFIGS).
 SECOND_TURN: dict[str, Any] = {
-    "scheduler": "hippo",
+    "scheduler": "serial",
     "answer": 3,
     "question": (30, 32),
-    "temperature": 0.005,
+    "temperature": 0.0094,
     "top_k": 2,
     "new_tokens": 4,
 }
@@ -478,7 +641,7 @@ SECOND_TURN: dict[str, Any] = {
 
 #: The law of tests/lossless/test_planner.py's switching checks (rounds and target-only steps mixed
 #: within each run under `gamma="auto"`): `sampling_case`'s, sampled with these settings.
-SWITCHING: dict[str, Any] = {"temperature": 0.005, "top_k": 2}
+SWITCHING: dict[str, Any] = {"temperature": 0.01, "top_k": 2}
 
 
 def second_turn_prompts(adapter: str | None = None) -> tuple[Case, list[int], Prompt]:
@@ -510,6 +673,158 @@ def second_turn_law(adapter: str | None = None) -> dict[tuple[int, ...], float]:
     return _LAWS[key]
 
 
+def _second_turn_pipeline(
+    case: Case, corrupting: str, verifier: str | None, drafter: str | None, scheduler: str | None
+) -> Any:
+    """SECOND_TURN's pipeline: the target drafting for itself from the case's share of the video, γ = 3,
+    each drafting's second token replaced by q's second choice; `verifier`, `drafter` (the corrupted
+    base) or `scheduler` in place of the stock ones."""
+    from hippo.testing.reference import build_pipeline
+
+    return build_pipeline(
+        case.target,
+        case.target,
+        scheduler=scheduler or SECOND_TURN["scheduler"],
+        gamma=3,
+        keep_ratio=case.keep_ratio,
+        drafter=corrupting,
+        drafter_options={"wrong": (False, True), "base": drafter or "chain"},
+        verifier=verifier,
+    )
+
+
+def _second_turn_conversation(pipe: Any, case: Case, answer: list[int], result: Any, reproduce: str) -> Any:
+    """A conversation on the case's video whose turn 1 was answered greedily from a cached context; a
+    `LosslessViolation` when that answer is not `target.generate`'s (a bug greedy decoding sees too)."""
+    from hippo.testing.reference import new_tokens
+
+    first = case.prompt
+    ctx = pipe.prepare(first.inputs)
+    conv = pipe.conversation(ctx)
+    a1 = conv.ask(
+        first.inputs["input_ids"][0, ctx.length :], max_new_tokens=SECOND_TURN["answer"], do_sample=False
+    )
+    got = new_tokens(a1.sequences, first.length)
+    if got != answer:
+        report = Report(
+            check="greedy",
+            summary=f"turn 1's greedy answer {got} is not target.generate's {answer}",
+            case=f"{case.short()}, turn 1 of a conversation",
+            parts=part_names(pipe),
+            reproduce=reproduce,
+        )
+        raise LosslessViolation(report, result)
+    return conv
+
+
+def _second_turn_run(conv: Any, question: Any, second: Prompt, gen: dict[str, Any]) -> Callable[[int], Any]:
+    """(seed) -> (turn 2's new tokens, stats), each run from the conversation after turn 1."""
+    import torch
+
+    from hippo.testing.reference import new_tokens
+
+    def run(seed: int) -> tuple[list[int], Any]:
+        conv.turns = conv.turns[:1]
+        out = conv.ask(question, seed=seed, **gen)
+        if not torch.equal(out.sequences[0, : second.length], second.inputs["input_ids"][0]):
+            raise AssertionError("turn 2's prompt is not the whole conversation")
+        return new_tokens(out.sequences, second.length), out.stats
+
+    return run
+
+
+def second_turn_check(
+    verifier: str | None = None,
+    drafter: str | None = None,
+    *,
+    seed: int = 0,
+    adapter: str | None = None,
+    scheduler: str | None = None,
+) -> SamplingResult:
+    """The law check of a conversation's second turn (SECOND_TURN): turn 1 answered greedily from a
+    cached context (it must be `target.generate`'s answer), then turn 2 sampled N times from the same
+    context (seeds seed, seed+1, ...), with `verifier`, `drafter` or `scheduler` in place of the stock
+    ones (SECOND_TURN's). The target drafts for itself from half the video, each drafting's second
+    token replaced by q's second choice. Raises `LosslessViolation` (with the result) when the law is
+    off, `VacuousCheck` when no drafting was accepted in part. `hippo check --sampling` runs it on a
+    part; the suite's conversation path is `second_turn_coupled`."""
+    import torch
+
+    from hippo.testing.drafters import corrupting_plugin
+
+    case, answer, second = second_turn_prompts(adapter)
+    check = LawCheck.plan(second_turn_law(adapter), settings="SECOND_TURN")
+    res = check.result
+    lo, hi = SECOND_TURN["question"]
+    question = torch.tensor(text_ids(case.target)[lo:hi])
+    gen = generation(SECOND_TURN["temperature"], SECOND_TURN["top_k"], None, None, SECOND_TURN["new_tokens"])
+    reproduce = f"second_turn_check({verifier!r}, {drafter!r}, seed={seed}, scheduler={scheduler!r})"
+    with corrupting_plugin() as corrupting:
+        pipe = _second_turn_pipeline(case, corrupting, verifier, drafter, scheduler)
+        try:
+            run = _second_turn_run(
+                _second_turn_conversation(pipe, case, answer, res, reproduce), question, second, gen
+            )
+            for i in range(check.runs):
+                tokens, stats = run(seed + i)
+                failure = check.add(tokens, stats)
+                if failure is not None:
+                    report = Report(
+                        check="sampling",
+                        summary=f"turn 2, seeds {seed}..{seed + i}: {failure}",
+                        case=f"{case.short()}, turn 2 of a conversation, {SECOND_TURN}",
+                        parts=part_names(pipe),
+                        reproduce=reproduce,
+                        details=check.details(),
+                    )
+                    raise LosslessViolation(report, res)
+        finally:
+            pipe.close()
+    check.require_partial()
+    return res
+
+
+def second_turn_coupled(
+    verifier: str | None = None,
+    drafter: str | None = None,
+    *,
+    seed: int = 0,
+    adapter: str | None = None,
+    scheduler: str | None = None,
+) -> Any:
+    """The conversation path's check: turn 2 from a cached context (SECOND_TURN, with `verifier`,
+    `drafter` or `scheduler` in place of the stock ones) draws on `coupled_runs()` seeds what the honest
+    pipeline's `generate` draws on the whole turn-2 prompt (`hippo.testing.coupled`), whose law is
+    the serial path's. Returns a `CoupledResult`."""
+    import torch
+
+    from hippo.testing.coupled import CoupledResult, assert_same_draws
+    from hippo.testing.drafters import corrupting_plugin
+
+    case, answer, second = second_turn_prompts(adapter)
+    lo, hi = SECOND_TURN["question"]
+    question = torch.tensor(text_ids(case.target)[lo:hi])
+    gen = generation(SECOND_TURN["temperature"], SECOND_TURN["top_k"], None, None, SECOND_TURN["new_tokens"])
+    reproduce = f"second_turn_coupled({verifier!r}, {drafter!r}, seed={seed}, scheduler={scheduler!r})"
+    with corrupting_plugin() as corrupting:
+        pipe = _second_turn_pipeline(case, corrupting, verifier, drafter, scheduler)
+        honest = _second_turn_pipeline(case, corrupting, None, None, None)
+        try:
+            conv = _second_turn_conversation(pipe, case, answer, CoupledResult(), reproduce)
+            return assert_same_draws(
+                _second_turn_run(conv, question, second, gen),
+                _run(honest, second.inputs, second.length, gen),
+                what="a conversation's later turn must draw what generate draws on the whole conversation",
+                case=f"{case.short()}, turn 2 of a conversation, {SECOND_TURN}",
+                parts=part_names(pipe),
+                reproduce=reproduce,
+                seed=seed,
+            )
+        finally:
+            pipe.close()
+            honest.close()
+
+
 def config_law(cfg: dict[str, Any]) -> dict[tuple[int, ...], float]:
     """The exact law a LAW_CONFIGS entry is checked against."""
     opts = {**DEFAULTS, **{k: v for k, v in cfg.items() if k in DEFAULTS}}
@@ -528,6 +843,12 @@ __all__ = [
     "DEFAULTS",
     "TREE_SETTINGS",
     "LAW_CONFIGS",
+    "COMPILED_TARGET",
+    "BATCHED",
+    "MAX_MODE",
+    "SECOND_TURN",
+    "SWITCHING",
+    "BatchRow",
     "Prompt",
     "LawCheck",
     "SamplingResult",
@@ -537,6 +858,10 @@ __all__ = [
     "config_law",
     "default_adapter",
     "sampling_case",
+    "second_turn_check",
+    "second_turn_coupled",
+    "coupled_config_check",
+    "PATH_KEYS",
     "second_turn_law",
     "second_turn_prompts",
     "target_law",
@@ -553,6 +878,9 @@ def power_table() -> None:  # pragma: no cover - a report
         f"check (exact binomial tests, Bonferroni over sets of cells and {len(pw.LOOKS)} looks)"
     )
     print(f"power: the worst case over every law at total variation {pw.EPSILON} from the target's")
+    print(
+        f"every check's likeliest sequence must hold <= MAX_MODE = {MAX_MODE} (a greedy collapse is then seen)"
+    )
     print(f"{'configuration':<48} {'K':>2} {'P(mode)':>7} {'spread':>6} {'N':>5} {'power':>6}")
     configs = {f"default (hippo check --sampling, T={DEFAULTS['temperature']})": {}, **LAW_CONFIGS}
     for name, cfg in configs.items():
@@ -580,6 +908,13 @@ def power_table() -> None:  # pragma: no cover - a report
     print(
         f"{'hippo check, tree parts, siblings tested (targeted)':<48} {len(probs):>2} {max(probs):>7.3f} "
         f"{pw.spread(probs):>6.3f} {n:>5} {pw.power_of(law, n):>6.3f}"
+    )
+    from hippo.testing.coupled import coupled_runs
+
+    k = coupled_runs()
+    print(
+        f"coupled paths (batched rows, compiled target, conversation turn 2): {k} seeds each, the same draws "
+        f"as their reference's; power {1 - (1 - pw.EPSILON) ** k:.3f} against a TV {pw.EPSILON} error"
     )
 
 

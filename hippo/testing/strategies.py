@@ -42,10 +42,11 @@ def examples(weight: float) -> int:
 
 
 def law_runs() -> int:
-    """Seeded pipeline runs of one sampling-law check: 10 per example (300 with the ci profile).
+    """Seeded pipeline runs for a sampling smoke run: 10 per example (300 with the ci profile).
 
-    At 300 runs the TV bound on a 16-outcome law is 0.22 (0.16 at 600); the suite runs about 30
-    law checks, and halving their runs keeps it within its time budget on 2 cores.
+    Not the runs of a law check: `assert_sampling_exact` and `LawCheck` pick N for their stated power
+    (>= 0.95 against any total-variation error of 0.05, `hippo.testing.power`), and refuse an explicit
+    `runs` below it unless `require_power=False`. Kept for callers that sample without a law check.
     """
     return 10 * examples(1.0)
 

@@ -18,12 +18,12 @@ import hippo
 import hippo.stacked as hst
 from hippo.errors import UnsupportedError
 from hippo.padded import pad_rows
-from hippo.testing import assert_sampling_exact
 from hippo.testing import batch as batch_check
 from hippo.testing import models as hm
 from hippo.testing import params as hp
 from hippo.testing import reference as hr
 from hippo.testing import strategies as hs
+from hippo.testing.sampling import BATCHED, config_check
 
 ADAPTERS = hp.adapter_params()
 
@@ -353,35 +353,15 @@ def test_sampling_rows_reproduce_their_batch_one_draws():
         assert out.stats.accepted_per_round == alone.stats.accepted_per_round
 
 
-class RowOfABatch:
-    """A pipeline whose `generate` decodes its prompt as the second row of a batch of two: the other
-    row (another video and length, its own seed) drafts, rejects and finishes beside it."""
-
-    def __init__(self, pipe, other):
-        self.pipe, self.other = pipe, other
-
-    def generate(self, inputs, seed=None, **gen):
-        return self.pipe.generate_batch([self.other, inputs], seeds=[seed + 10**6, seed], **gen)[1]
-
-    def __getattr__(self, name):
-        return getattr(self.pipe, name)
-
-
-def test_a_batch_row_samples_the_target_law():
-    """Sampling: a row of a batch has the target's exact law (`assert_sampling_exact` at its stated
-    power, on the harness's default case: a pruned self-draft, its second position corrupted)."""
-    adapter = "qwen2_5_vl"
-    target = hm.tiny(adapter, "target")
-
-    def build(case):
-        pipe = case.builder("serial").build()
-        unit = hm.pixel_unit(target)
-        return RowOfABatch(pipe, hm.Prompt(adapter, target, (3, unit, 2 * unit), 6, [], []).inputs)
-
-    # TV 0.1 rather than the suite's 0.05 keeps N at a quarter (test_sampling_rows_reproduce_their_
-    # batch_one_draws shows the draws are batch 1's, whose law test_sampling.py checks at 0.05)
-    res = assert_sampling_exact(build, adapter=adapter, epsilon=0.1)
-    assert res.power >= 0.95 and res.partial_rounds > 0, res.summary()
+def test_a_batch_row_draws_what_batch_one_draws():
+    """Sampling: a row of a batch draws, seed by seed, what batch 1 draws with the same γ
+    (`coupled_config_check`: 59 seeds, power >= 0.95 against a row whose law is at TV 0.05 from batch
+    1's, whose law `hippo check --sampling` checks at full power), on the harness's default case
+    (a pruned self-draft, its second position corrupted), decoded as the second row of a batch of two
+    beside another video and length (`BatchRow`, which checks every answer's notes say it was batched)."""
+    res = config_check(BATCHED)
+    assert res.power >= 0.95 and res.epsilon == 0.05 and res.runs == res.planned == 59, res.summary()
+    assert res.partial_rounds > 0 and res.distinct > 1, res.summary()
     print(res.summary())
 
 

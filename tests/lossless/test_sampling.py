@@ -3,7 +3,8 @@
 Each configuration of `hippo.testing.sampling.LAW_CONFIGS` (chain and tree drafting, the serial and
 the parallel schedules, pearl included, every adapter, top_k, top_p, the repetition penalty and γ
 from the cost model) is checked by
-`assert_sampling_exact` on a *peaked* law (a low temperature), with as many runs as it takes to
+`assert_sampling_exact` on a law peaked enough for few runs but not more than MAX_MODE (its likeliest
+sequence holds <= 0.9, so a pipeline that never samples fails), with as many runs as it takes to
 detect any sampler whose law of the first tokens is at total variation 0.05 from the target's with
 probability >= 0.95, at a false-alarm level of 4e-5 per check (1e-3 for the whole suite). The
 numbers, and how they are computed: `python -m hippo.testing.sampling` (its module docstring).
@@ -22,8 +23,25 @@ import torch
 from hippo.errors import ConfigError
 from hippo.testing import assert_sampling_exact
 from hippo.testing import models as hm
+from hippo.testing import power as pw
 from hippo.testing import reference as hr
-from hippo.testing.sampling import DEFAULTS, LAW_CONFIGS, config_check, config_law, generation, sampling_case
+from hippo.testing.matrix import PATHS
+from hippo.testing.sampling import (
+    BATCHED,
+    COMPILED_TARGET,
+    DEFAULTS,
+    LAW_CONFIGS,
+    MAX_MODE,
+    SWITCHING,
+    TREE_SETTINGS,
+    LawCheck,
+    config_check,
+    config_law,
+    generation,
+    sampling_case,
+    second_turn_law,
+    target_law,
+)
 from hippo.types import Stats
 
 # ---- the law checks -----------------------------------------------------------------------------------
@@ -34,8 +52,23 @@ def _available(cfg: dict) -> bool:
     return adapter in hm.tiny_adapters() and cfg.get("scheduler", "serial") in hm.names("schedulers")
 
 
+#: the configurations that are a path of the planted-bug matrix: the default suite checks each; the
+#: others (other adapters, logits processors and tree shapes on paths already checked) carry the
+#: `matrix` mark with the matrix's other cells (`python -m pytest -m matrix`): at about 2,000 runs a
+#: check they do not fit CI's 12 minutes
+ON_A_PATH = {name for name, cfg in LAW_CONFIGS.items() if any(p.config is cfg for p in PATHS.values())}
+
+
+def _marks(name: str, cfg: dict) -> list:
+    if cfg.get("executor") == "process":
+        # ~90 ms a run (the draft's own prefill in its process, the round trips): ~3 minutes at full
+        # power, so with the matrix; its greedy collapse is caught in the suite (test_matrix.py)
+        return [pytest.mark.xdist_group("processes"), pytest.mark.matrix]
+    return [] if name in ON_A_PATH else [pytest.mark.matrix]
+
+
 CONFIGS = [
-    pytest.param(name, id=name.split(" (")[0].replace(" ", "-"))
+    pytest.param(name, id=name.split(" (")[0].replace(" ", "-"), marks=_marks(name, cfg))
     for name, cfg in LAW_CONFIGS.items()
     if _available(cfg)
 ]
@@ -74,13 +107,66 @@ def test_exact_law_is_what_generate_computes(name):
     assert tuple(tokens) in law
 
 
-@pytest.mark.parametrize("name", [p.values[0] for p in CONFIGS], ids=[p.id for p in CONFIGS])
+@pytest.mark.parametrize("name", CONFIGS)
 def test_pipeline_samples_the_target_law(name):
     """`assert_sampling_exact` at its stated power: it raises on a law at TV 0.05 with probability
     >= 0.95; here the pipeline is exact, so it must pass (false alarm <= 4e-5)."""
     res = config_check(LAW_CONFIGS[name])
     print(res.summary())
-    assert res.power >= 0.95 and res.runs == res.looks[-1] and res.partial_rounds > 0, res.summary()
+    assert res.power >= 0.95 and res.runs == res.planned == res.looks[-1], res.summary()
+    assert res.partial_rounds > 0, res.summary()
+
+
+def _laws() -> dict[str, dict]:
+    """Every law the suite checks: LAW_CONFIGS, the default case, TREE_SETTINGS, the compiled target,
+    the batched rows, a conversation's second turn and the planner's switching."""
+    laws = {name: config_law(cfg) for name, cfg in LAW_CONFIGS.items() if _available(cfg)}
+    laws["default (hippo check --sampling)"] = config_law({})
+    laws["TREE_SETTINGS"] = config_law(TREE_SETTINGS)
+    laws["COMPILED_TARGET"] = config_law(COMPILED_TARGET)
+    laws["BATCHED"] = config_law(BATCHED)
+    laws["SECOND_TURN"] = second_turn_law()
+    laws["SWITCHING"] = target_law(sampling_case(), **SWITCHING)
+    return laws
+
+
+def test_every_law_check_can_see_a_greedy_collapse():
+    """Every law the suite checks gives its likeliest sequence at most MAX_MODE = 0.9: a pipeline that
+    always emits it is at TV >= 0.1 = 2 epsilon (`planted_greedy_collapse`, caught on every path:
+    test_matrix.py); and each reaches the stated power within the default max_runs."""
+    for name, law in _laws().items():
+        top = max(law.values())
+        n = pw.runs_for(law, most=3000)
+        assert top <= MAX_MODE, (name, top)
+        assert pw.power_of(law, n) >= pw.POWER, (name, n)
+        LawCheck.plan(law)  # the configuration's own assertion (mode and power) passes
+
+
+def test_a_law_too_peaked_to_see_a_collapse_is_refused():
+    """A law whose likeliest sequence holds more than 0.9 is refused before sampling: a pipeline that
+    never samples could pass it."""
+    from hippo.testing.report import VacuousCheck
+
+    with pytest.raises(VacuousCheck, match="too peaked"):
+        assert_sampling_exact(lambda case: case.builder("serial"), temperature=0.005)
+    law = config_law({"temperature": 0.005})
+    assert max(law.values()) > MAX_MODE
+    assert LawCheck.plan(law, max_mode=1.0).runs > 0  # an explicit opt-out
+
+
+def test_explicit_runs_below_the_stated_power_are_refused():
+    """Power is enforced whatever `runs` is: 100 runs cannot reach 0.95 against a 5% TV error on the
+    default law (VacuousCheck before sampling), unless the caller asks for a smoke run."""
+    from hippo.testing.report import VacuousCheck
+
+    law = config_law({})
+    with pytest.raises(VacuousCheck, match="runs=100 detect"):
+        LawCheck.plan(law, runs=100)
+    with pytest.raises(VacuousCheck, match="runs=100 detect"):
+        assert_sampling_exact(lambda case: case.builder("serial"), runs=100)
+    smoke = LawCheck.plan(law, runs=100, require_power=False)
+    assert smoke.runs == 100 and smoke.result.power < 0.95
+    assert LawCheck.plan(law, runs=pw.runs_for(law)).result.power >= 0.95
 
 
 def test_partial_drafts_follow_a_drafting_across_its_chunks():
@@ -106,7 +192,7 @@ def test_a_check_without_partial_acceptance_is_vacuous():
 
     with pytest.raises(VacuousCheck, match="no drafting was accepted in part"):
         assert_sampling_exact(
-            lambda case: case.builder("serial"), keep_ratio=1.0, corrupt=None, temperature=0.005, runs=8
+            lambda case: case.builder("serial"), keep_ratio=1.0, corrupt=None, runs=8, require_power=False
         )
 
 
