@@ -58,8 +58,6 @@ SELECTORS = {
     "sink_window": ("sink_window", None),
     "oracle": ("oracle", None),
 }
-#: how the long-video pair's draft is widened at load time (its target's factors are in checksums.json)
-DRAFT_WIDEN = {"k": 3, "m": 12}
 MiB = 2**20
 
 
@@ -99,14 +97,14 @@ def load_long_pair(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
     from hippo.cli.pair.checkpoint import CHECKSUMS, load_pair
     from hippo.cli.pair.widen import widen
 
-    from .pair import NIAH_DIR
+    from .pair import DRAFT_WIDEN, NIAH_DIR
 
     if not (NIAH_DIR / CHECKSUMS).is_file():
         raise ModelError(
             f"the long-video pair is not in {NIAH_DIR}; train it with `python -m hippo.benchmarks.niah_train`"
         )
     target, draft, tok = load_pair(dtype, directory=NIAH_DIR)
-    return target, widen(draft, **DRAFT_WIDEN).to(dtype), tok
+    return target, widen(draft, **DRAFT_WIDEN[NIAH_DIR.name]).to(dtype), tok
 
 
 def clip(tokenizer: Any, tokens: int, seed: int) -> Clip:

@@ -30,7 +30,7 @@ PAIR_DIR = Path(__file__).parent / "pair"  # the captioning pair
 NIAH_DIR = Path(__file__).parent / "pair_niah"  # the long-video (needle-in-a-haystack) pair
 #: how each committed pair's target is widened (k: residual/attention, m: MLP neurons per unit)
 WIDEN = {PAIR_DIR.name: {"k": 4, "m": 4}, NARRATE_DIR.name: NARRATE_WIDEN, NIAH_DIR.name: {"k": 8, "m": 4}}
-#: how the long-video pair's draft is widened at load time (`hippo bench --long`, `long.DRAFT_WIDEN`), so
+#: how the long-video pair's draft is widened at load time (`hippo bench --long`), so
 #: that it reads about 1/10 of the widened target's decoder weights and KV bytes per token
 #: (`cost_ratios`: 9.2% and 9.4%), as a 7B draft does for a 72B target
 DRAFT_WIDEN = {NIAH_DIR.name: {"k": 3, "m": 12}}
