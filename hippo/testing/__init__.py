@@ -16,7 +16,8 @@ Modules: `models` (registry discovery, tiny models, prompts), `strategies` (hypo
 `case` (`Case`), `drafters` (the corrupting drafter), `reference` (target.generate, exact laws),
 `report`, `greedy` and `sampling` (the checks), `power` (the law check's statistics and power:
 `python -m hippo.testing.sampling`), `planted` (seven planted sampling bugs the law check must catch),
-`matrix` (the planted bugs × the paths with a law check: `python -m hippo.testing.matrix`),
+`coupled` (a path that promises a law-checked reference's draws, seed by seed), `matrix` (the
+planted bugs × the paths that sample: `python -m hippo.testing.matrix`),
 `plugin_check` (`hippo check`), `pytest_plugin`.
 
 Names are loaded lazily, so that the pytest plugin (registered for every pytest run once hippo is
@@ -38,6 +39,8 @@ _PUBLIC = {
     "assert_sampling_exact": "sampling",
     "SamplingResult": "sampling",
     "LawCheck": "sampling",
+    "assert_same_draws": "coupled",
+    "CoupledResult": "coupled",
     "assert_conversation_lossless": "conversation",
     # the case and its strategies
     "Case": "case",
