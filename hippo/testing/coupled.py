@@ -42,7 +42,6 @@ class CoupledResult:
     distinct: int = 0  # distinct sequences the reference drew: the seeds did sample
     rounds: int = 0
     partial_rounds: int = 0  # draftings accepted in part, in the path's runs
-    looks: list = attrs.field(factory=list)  # the matrix reads the look of a law check; none here
 
     def summary(self) -> str:
         return (
@@ -81,26 +80,27 @@ def assert_same_draws(
     for s in range(seed, seed + n):
         want, _ = reference(s)
         got, stats = path(s)
+        got, want = list(got), list(want)
         res.runs += 1
         seen.add(tuple(want))
         if stats is not None:
             res.rounds += stats.rounds
             res.partial_rounds += partial_drafts(stats)
-        if list(got) != list(want):
+        if got != want:
             position = next(
                 (i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want))
             )
             report = Report(
                 check="sampling",
                 summary=(
-                    f"seed {s}: the path drew {list(got)}, its reference {list(want)}; {what}, so the "
+                    f"seed {s}: the path drew {got}, its reference {want}; {what}, so the "
                     "path's law is not the reference's (checked against the target's)"
                 ),
                 case=case,
                 parts=parts or {},
                 position=position,
-                got_tokens=list(got),
-                want_tokens=list(want),
+                got_tokens=got,
+                want_tokens=want,
                 reproduce=reproduce,
                 details=res.summary(),
             )

@@ -32,7 +32,6 @@ from typing import Any
 import attrs
 
 from hippo.testing import sampling as hs
-from hippo.testing.coupled import CoupledResult
 from hippo.testing.planted import PLANTED, planted_plugin
 from hippo.testing.report import LosslessViolation
 
@@ -189,7 +188,7 @@ def run_cell(path: str, bug: str, seed: int = 0) -> Cell:
     p = PATHS[path]
     kind, _ = PLANTED[bug]
     parts = {"verifier": bug} if kind == "verifiers" else {"drafter": bug}
-    cell = Cell(path, bug)
+    cell = Cell(path, bug, coupled=p.coupled)
     start = time.perf_counter()
     with planted_plugin():
         try:
@@ -197,14 +196,14 @@ def run_cell(path: str, bug: str, seed: int = 0) -> Cell:
         except LosslessViolation as exc:
             res = exc.result
             cell.caught, cell.message = True, exc.report.summary
-            if res is not None and res.looks and res.looks[-1] == res.runs and "law is off" in cell.message:
+            law = res is not None and not p.coupled  # a coupled check has no looks
+            if law and res.looks and res.looks[-1] == res.runs and "law is off" in cell.message:
                 cell.look = len(res.looks)
         else:
             cell.message = res.summary()
     cell.seconds = time.perf_counter() - start
     if res is not None:
         cell.runs, cell.planned = res.runs, res.planned
-        cell.coupled = isinstance(res, CoupledResult)
     return cell
 
 

@@ -566,6 +566,21 @@ def config_check(
     )
 
 
+def _config_case(cfg: dict[str, Any]) -> tuple[Case, dict[str, Any]]:
+    """A configuration's case (`sampling_case`) and its settings (DEFAULTS overridden by it)."""
+    opts = {**DEFAULTS, **{k: v for k, v in cfg.items() if k in DEFAULTS}}
+    case = sampling_case(
+        cfg.get("adapter"),
+        draft=opts["draft"],
+        gamma=opts["gamma"],
+        keep_ratio=opts["keep_ratio"],
+        new_tokens=opts["new_tokens"],
+        corrupt=opts["corrupt"],
+        executor=cfg.get("executor", "inline"),
+    )
+    return case, opts
+
+
 def _run(pipe: Any, inputs: dict, length: int, gen: dict[str, Any]) -> Callable[[int], tuple[list[int], Any]]:
     def run(seed: int) -> tuple[list[int], Any]:
         out = pipe.generate(inputs, seed=seed, **gen)
@@ -583,16 +598,7 @@ def coupled_config_check(
     configuration's law is checked at full power. Returns a `CoupledResult`."""
     from hippo.testing.coupled import assert_same_draws
 
-    opts = {**DEFAULTS, **{k: v for k, v in cfg.items() if k in DEFAULTS}}
-    case = sampling_case(
-        cfg.get("adapter"),
-        draft=opts["draft"],
-        gamma=opts["gamma"],
-        keep_ratio=opts["keep_ratio"],
-        new_tokens=opts["new_tokens"],
-        corrupt=opts["corrupt"],
-        executor=cfg.get("executor", "inline"),
-    )
+    case, opts = _config_case(cfg)
     gen = generation(
         opts["temperature"], opts["top_k"], opts["top_p"], opts["repetition_penalty"], opts["new_tokens"]
     )
@@ -673,6 +679,18 @@ def second_turn_law(adapter: str | None = None) -> dict[tuple[int, ...], float]:
     return _LAWS[key]
 
 
+def _second_turn_setup(adapter: str | None) -> tuple[Case, list[int], Prompt, Any, dict[str, Any]]:
+    """(the case, turn 1's answer, the whole turn-2 prompt: `second_turn_prompts`; question 2's tokens
+    [n]; turn 2's `generate` settings)."""
+    import torch
+
+    case, answer, second = second_turn_prompts(adapter)
+    lo, hi = SECOND_TURN["question"]
+    question = torch.tensor(text_ids(case.target)[lo:hi])
+    gen = generation(SECOND_TURN["temperature"], SECOND_TURN["top_k"], None, None, SECOND_TURN["new_tokens"])
+    return case, answer, second, question, gen
+
+
 def _second_turn_pipeline(
     case: Case, corrupting: str, verifier: str | None, drafter: str | None, scheduler: str | None
 ) -> Any:
@@ -748,16 +766,11 @@ def second_turn_check(
     token replaced by q's second choice. Raises `LosslessViolation` (with the result) when the law is
     off, `VacuousCheck` when no drafting was accepted in part. `hippo check --sampling` runs it on a
     part; the suite's conversation path is `second_turn_coupled`."""
-    import torch
-
     from hippo.testing.drafters import corrupting_plugin
 
-    case, answer, second = second_turn_prompts(adapter)
+    case, answer, second, question, gen = _second_turn_setup(adapter)
     check = LawCheck.plan(second_turn_law(adapter), settings="SECOND_TURN")
     res = check.result
-    lo, hi = SECOND_TURN["question"]
-    question = torch.tensor(text_ids(case.target)[lo:hi])
-    gen = generation(SECOND_TURN["temperature"], SECOND_TURN["top_k"], None, None, SECOND_TURN["new_tokens"])
     reproduce = f"second_turn_check({verifier!r}, {drafter!r}, seed={seed}, scheduler={scheduler!r})"
     with corrupting_plugin() as corrupting:
         pipe = _second_turn_pipeline(case, corrupting, verifier, drafter, scheduler)
@@ -796,15 +809,10 @@ def second_turn_coupled(
     `drafter` or `scheduler` in place of the stock ones) draws on `coupled_runs()` seeds what the honest
     pipeline's `generate` draws on the whole turn-2 prompt (`hippo.testing.coupled`), whose law is
     the serial path's. Returns a `CoupledResult`."""
-    import torch
-
     from hippo.testing.coupled import CoupledResult, assert_same_draws
     from hippo.testing.drafters import corrupting_plugin
 
-    case, answer, second = second_turn_prompts(adapter)
-    lo, hi = SECOND_TURN["question"]
-    question = torch.tensor(text_ids(case.target)[lo:hi])
-    gen = generation(SECOND_TURN["temperature"], SECOND_TURN["top_k"], None, None, SECOND_TURN["new_tokens"])
+    case, answer, second, question, gen = _second_turn_setup(adapter)
     reproduce = f"second_turn_coupled({verifier!r}, {drafter!r}, seed={seed}, scheduler={scheduler!r})"
     with corrupting_plugin() as corrupting:
         pipe = _second_turn_pipeline(case, corrupting, verifier, drafter, scheduler)
@@ -827,15 +835,7 @@ def second_turn_coupled(
 
 def config_law(cfg: dict[str, Any]) -> dict[tuple[int, ...], float]:
     """The exact law a LAW_CONFIGS entry is checked against."""
-    opts = {**DEFAULTS, **{k: v for k, v in cfg.items() if k in DEFAULTS}}
-    case = sampling_case(
-        cfg.get("adapter"),
-        draft=opts["draft"],
-        gamma=opts["gamma"],
-        keep_ratio=opts["keep_ratio"],
-        new_tokens=opts["new_tokens"],
-        corrupt=opts["corrupt"],
-    )
+    case, opts = _config_case(cfg)
     return target_law(case, opts["temperature"], opts["top_k"], opts["top_p"], opts["repetition_penalty"])
 
 
