@@ -193,6 +193,26 @@ def test_seven_planted_bugs():
     assert len(PLANTED) == 7 and kinds == {"verifiers", "drafters"} and set(SAMPLING_ONLY) < set(PLANTED)
 
 
+def test_a_flat_draft_is_the_target_with_halved_logits():
+    """The tree law checks' draft (TREE_SETTINGS, `models.flat_draft`): q from the target's logits
+    halved, so q ranks tokens as p does but is flatter; the target itself is untouched."""
+    import torch
+
+    from hippo.testing import models as hm
+    from hippo.testing.sampling import TREE_SETTINGS, sampling_case
+
+    case = sampling_case(ADAPTER, draft=TREE_SETTINGS["draft"])
+    target, draft = case.target, case.draft_model
+    assert draft is not target and draft is hm.flat_draft(ADAPTER)
+    with torch.no_grad():
+        p_logits = target(**case.inputs).logits[0, -1]
+        q_logits = draft(**case.inputs).logits[0, -1]
+        again = target(**case.inputs).logits[0, -1]
+    torch.testing.assert_close(q_logits, hm.FLAT_SCALE * p_logits)
+    assert torch.equal(again, p_logits)
+    assert q_logits.argsort(descending=True)[:3].tolist() == p_logits.argsort(descending=True)[:3].tolist()
+
+
 @pytest.mark.parametrize("name", [n for n in ALL_PLANTED if n not in SAMPLING_ONLY])
 def test_the_law_test_catches_the_planted_bug(name):
     """A planted bug that greedy decoding also sees fails `assert_sampling_exact` by itself (the others

@@ -15,7 +15,7 @@ import torch
 
 import hippo
 from hippo.testing.drafters import CORRUPTING
-from hippo.testing.models import Prompt, options_for, tiny
+from hippo.testing.models import Prompt, flat_draft, options_for, tiny
 
 #: Executors a case can run a parallel schedule's draft on (in this process): "inline" one after the
 #: other, "thread" overlapped on a thread, "simulated" on a virtual clock with the case's timings.
@@ -50,7 +50,9 @@ class Case:
     after: tuple[int, ...] = attrs.field(default=(), converter=_tuple)  # text ids after the video
     video_seed: int = 0
     target_seed: int = 0
-    draft: str = "draft"  # "draft": the adapter's tiny draft model; "self": the target drafts for itself
+    #: "draft": the adapter's tiny draft model; "self": the target drafts for itself; "flat": the
+    #: target with its logits halved (`models.flat_draft`: q flatter than p, so drafts are often rejected)
+    draft: str = "draft"
     draft_seed: int = 1
     gamma: int | str = 4  # γ, or "auto" (the cost model's γ, hippo.cost)
     keep_ratio: float = 0.5
@@ -82,9 +84,12 @@ class Case:
 
     @property
     def draft_model(self) -> Any:
-        """The draft q: the adapter's tiny draft, or the target itself (self-speculation)."""
+        """The draft q: the adapter's tiny draft, the target itself (self-speculation), or the
+        target with flattened logits ("flat")."""
         if self.draft == "self":
             return self.target
+        if self.draft == "flat":
+            return flat_draft(self.adapter, self.target_seed, self.torch_dtype)
         return tiny(self.adapter, "draft", self.draft_seed, self.torch_dtype)
 
     @property

@@ -7,6 +7,8 @@ q = draft, γ = draft length, V = vocabulary size, L = prompt length.
 
 from __future__ import annotations
 
+import copy
+
 from typing import Any
 
 import attrs
@@ -88,6 +90,26 @@ def tiny(adapter: str, role: str = "target", seed: int = 0, dtype: torch.dtype =
     key = (adapter, role, seed, dtype)
     if key not in _MODELS:
         model = part_class("adapters", adapter).tiny_model(role, seed=seed, dtype=dtype)
+        _MODELS[key] = model.eval()
+    return _MODELS[key]
+
+
+#: how much a "flat" draft scales the target's logits (`flat_draft`)
+FLAT_SCALE = 0.5
+
+
+def flat_draft(adapter: str, seed: int = 0, dtype: torch.dtype = DTYPE) -> Any:
+    """A draft whose q is flatter than p: a copy of the tiny target with its output layer scaled by
+    `FLAT_SCALE` (so its logits are), built once per process. At the target's temperature q then
+    puts real mass on tokens p rarely emits, while it still ranks them as p does: first children
+    are often rejected, and the residual and the siblings' rule are used on most rounds."""
+    key = (adapter, "flat", seed, dtype)
+    if key not in _MODELS:
+        model = copy.deepcopy(tiny(adapter, "target", seed, dtype))
+        head = model.get_output_embeddings()
+        head.weight = torch.nn.Parameter(head.weight.detach() * FLAT_SCALE, requires_grad=False)
+        if getattr(head, "bias", None) is not None:
+            head.bias = torch.nn.Parameter(head.bias.detach() * FLAT_SCALE, requires_grad=False)
         _MODELS[key] = model.eval()
     return _MODELS[key]
 

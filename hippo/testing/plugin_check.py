@@ -99,7 +99,11 @@ class plugin_build:  # noqa: N801 - used like a function in reproduction lines
             return case.builder(drafter=n)
         if k == "verifiers":
             if is_tree_verifier(part_class(k, n)):  # it verifies token trees: give it trees
-                return case.builder(drafter=_first("drafters", lambda c: True, ("tree",)), verifier=n)
+                from hippo.testing.sampling import SIBLING_TREE
+
+                tree = _first("drafters", lambda c: True, ("tree",))
+                b = case.builder(drafter=tree, verifier=n)
+                return b.drafter(tree, paths=SIBLING_TREE) if tree == "tree" else b
             return case.builder(verifier=n)
         if k == "executors":
             scheduler = _first("schedulers", lambda c: "executor" in config_fields(c), ("hippo", "pearl"))

@@ -40,12 +40,7 @@ PROCESSES = {"process executor"}
 
 #: cells that are exercised but not yet caught: open gaps of the path's law check, kept visible (a
 #: strict xfail fails the suite the day the check catches the bug, so the entry must then go)
-GAPS = {
-    ("token trees", "planted_residual_from_p"): (
-        "open gap: on the static-tree law (top_k 3, T 0.0098) a residual drawn from p is only about TV 0.02 "
-        "off, below the check's 0.05; not caught in N = 2140 runs"
-    ),
-}
+GAPS: dict[tuple[str, str], str] = {}
 
 
 #: the column the suite runs on every path; the other cells carry the `matrix` mark, which the
