@@ -8,7 +8,6 @@ q = draft, γ = draft length, V = vocabulary size, L = prompt length.
 from __future__ import annotations
 
 import copy
-
 from typing import Any
 
 import attrs
