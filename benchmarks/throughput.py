@@ -1,13 +1,15 @@
 """Throughput at batch 1, 2, 4: HF `generate` (batched, left-padded), hippo's batched target alone,
 hippo's batched serial speculative decoding (fixed γ) and the default pipeline batched (`auto`:
 serial with γ re-chosen each round for the whole batch, or the target alone), side by side in one
-run, on the narration pair.
+run, on the narration pair; each repeat times every method once, in an order rotated by one each
+repeat, so the machine's drift falls on all of them alike. `auto` is reported against the fixed
+configurations on the same pruning parts (the builder's default uniform 10%, and holistic top-10%).
 
     python -m hippo.benchmarks.throughput                       # 64 new tokens per row, 3 repeats
     python -m hippo.benchmarks.throughput --batches 1 2 4 8 --max-new-tokens 128
 
 Each cell is the median over repeats of (new tokens of the batch) / (wall seconds of the whole call:
-vision encoding, prefills, decoding), after one untimed warm-up call of a few tokens per row (it
+vision encoding, prefills, decoding), after one untimed warm-up call per method of a few tokens per row (it
 allocates, packs the weights, and lets `auto` measure its costs: one row's once per machine, t_verify
 of each batch size once per pipeline; with `--natural`, sizes first seen when rows finish early are
 measured in a timed call); in brackets the decode phase:
@@ -34,10 +36,12 @@ from hippo.padded import pad_rows
 
 from .tables import markdown_table
 
-#: hippo rows: (name, scheduler, scheduler options, pruning parts; None: the builder's defaults)
+#: hippo rows: (name, scheduler, scheduler options, pruning parts; None: the builder's defaults, a
+#: uniform 10% of the video)
 HIPPO_ROWS: list[tuple[str, str, dict, dict | None]] = [
     ("hippo batched, target alone", "autoregressive", {}, {}),
     ("hippo batched, default pipeline (auto)", "auto", {}, None),
+    ("hippo batched serial SD, default parts", "serial", {"gamma": 5}, None),
     (
         "hippo batched auto, holistic top-k",
         "auto",
@@ -53,14 +57,11 @@ HIPPO_ROWS: list[tuple[str, str, dict, dict | None]] = [
     ),
 ]
 
-
-def timed(call: Callable[[], Any], repeats: int) -> tuple[Any, list[float]]:
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = call()
-        times.append(time.perf_counter() - t0)
-    return out, times
+#: `auto` against the fixed configurations on the same pruning parts: (auto's row, the fixed rows)
+AUTO_VERSUS_FIXED: list[tuple[str, list[str]]] = [
+    ("hippo batched, default pipeline (auto)", ["hippo batched serial SD, default parts"]),
+    ("hippo batched auto, holistic top-k", ["hippo batched serial SD, holistic top-k"]),
+]
 
 
 def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, natural: bool) -> dict:
@@ -84,36 +85,11 @@ def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, nat
         warm["min_new_tokens"] = warm["max_new_tokens"]
     table: dict[str, dict[int, dict]] = {}
 
-    def cell(name: str, b: int, call: Callable[[dict], list[list[int]]]) -> None:
-        call(warm)  # untimed warm-up (allocator, packed weights, auto's costs)
-        rows, times = timed(lambda: call(gen), repeats)
-        _, firsts = timed(lambda: call(first), repeats)
-        tokens = sum(len(r) for r in rows)
-        differ = sum(r != a for r, a in zip(rows, alone[:b]))
-        med, med1 = statistics.median(times), statistics.median(firsts)
-        decode = (tokens - b) / (med - med1) if med > med1 else float("nan")
-        table.setdefault(name, {})[b] = {
-            "tokens": tokens,
-            "seconds": times,
-            "seconds_first": firsts,
-            "tok_s": tokens / med,
-            "decode_tok_s": decode,
-            "differ": differ,
-        }
-        print(f"  {name:42s} batch {b}: {tokens / med:7.1f} tok/s, decode {decode:7.1f} tok/s ({tokens} tokens, "
-              f"{med:.2f} s, first token {med1:.2f} s; {differ} rows differ from generate alone)", flush=True)  # fmt: skip
-
     for b in batches:
         xs = w.inputs[:b]
         padded = pad_rows(xs, "left", pad_id)  # as the processor pads them
-        L = padded["input_ids"].shape[1]
-
-        def hf(g: dict, padded=padded, L=L) -> list[list[int]]:
-            with torch.inference_mode():
-                out = w.target.generate(**padded, **g, pad_token_id=pad_id)
-            return [s[: _length(s, w.target, g["max_new_tokens"])] for s in out[:, L:].tolist()]
-
-        cell("HF generate, batched (left-padded)", b, hf)
+        calls = {"HF generate, batched (left-padded)": _hf(w.target, padded, pad_id)}
+        pipes, last = [], {}
         for name, scheduler, options, parts in HIPPO_ROWS:
             builder = hippo.PipelineBuilder().target(w.target)
             if scheduler != "autoregressive":
@@ -122,21 +98,84 @@ def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, nat
                 builder.scorer(parts.get("scorer")).selector(
                     parts.get("selector", "full"), **parts.get("selector_options", {})
                 )
-            pipe = builder.scheduler(scheduler, **options).build()
-
-            last: list = []
-
-            def ours(g: dict, pipe=pipe, xs=xs, padded=padded, last=last) -> list[list[int]]:
-                outs = pipe.generate_batch(padded, **g)  # the same padded batch as HF's, cut into rows
-                if g is gen:
-                    last[:] = outs
-                return [o.sequences[0, x["input_ids"].shape[1] :].tolist() for o, x in zip(outs, xs)]
-
-            cell(name, b, ours)
-            if scheduler == "auto":  # what auto chose in the last timed call
-                print(f"    {_plan_summary(last)}", flush=True)
+            pipes.append(builder.scheduler(scheduler, **options).build())
+            calls[name] = _ours(pipes[-1], xs, padded, gen, last.setdefault(name, []))
+        for call in calls.values():
+            call(warm)  # untimed warm-up (allocator, packed weights, auto's costs)
+        # alternated: each repeat times every method once, starting one method later each time
+        names = list(calls)
+        times: dict[str, list[float]] = {n: [] for n in names}
+        firsts: dict[str, list[float]] = {n: [] for n in names}
+        rows: dict[str, list[list[int]]] = {}
+        for r in range(repeats):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                t0 = time.perf_counter()
+                rows[name] = calls[name](gen)
+                times[name].append(time.perf_counter() - t0)
+        for r in range(repeats):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                t0 = time.perf_counter()
+                calls[name](first)
+                firsts[name].append(time.perf_counter() - t0)
+        for name in names:
+            tokens = sum(len(r) for r in rows[name])
+            differ = sum(r != a for r, a in zip(rows[name], alone[:b]))
+            med, med1 = statistics.median(times[name]), statistics.median(firsts[name])
+            decode = (tokens - b) / (med - med1) if med > med1 else float("nan")
+            table.setdefault(name, {})[b] = {
+                "tokens": tokens,
+                "seconds": times[name],
+                "seconds_first": firsts[name],
+                "tok_s": tokens / med,
+                "decode_tok_s": decode,
+                "differ": differ,
+            }
+            print(f"  {name:42s} batch {b}: {tokens / med:7.1f} tok/s, decode {decode:7.1f} tok/s ({tokens} tokens, "
+                  f"{med:.2f} s, first token {med1:.2f} s; {differ} rows differ from generate alone)", flush=True)  # fmt: skip
+            if last.get(name) and name.startswith("hippo batched") and "auto" in name:
+                print(
+                    f"    {_plan_summary(last[name])}", flush=True
+                )  # what auto chose in its last timed call
+        for pipe in pipes:
             pipe.close()
     return table
+
+
+def _hf(target: Any, padded: dict, pad_id: int) -> Callable[[dict], list[list[int]]]:
+    L = padded["input_ids"].shape[1]
+
+    def hf(g: dict) -> list[list[int]]:
+        with torch.inference_mode():
+            out = target.generate(**padded, **g, pad_token_id=pad_id)
+        return [s[: _length(s, target, g["max_new_tokens"])] for s in out[:, L:].tolist()]
+
+    return hf
+
+
+def _ours(pipe: Any, xs: list, padded: dict, gen: dict, last: list) -> Callable[[dict], list[list[int]]]:
+    def ours(g: dict) -> list[list[int]]:
+        outs = pipe.generate_batch(padded, **g)  # the same padded batch as HF's, cut into rows
+        if g is gen:
+            last[:] = outs
+        return [o.sequences[0, x["input_ids"].shape[1] :].tolist() for o, x in zip(outs, xs)]
+
+    return ours
+
+
+def auto_versus_fixed(table: dict, batches: list[int]) -> list[str]:
+    """`auto`'s tokens/s over the best fixed configuration's on the same pruning parts, per batch size."""
+    lines = []
+    for auto, fixed in AUTO_VERSUS_FIXED:
+        if auto not in table or not all(f in table for f in fixed):
+            continue
+        ratios = []
+        for b in batches:
+            best = max(table[f][b]["tok_s"] for f in fixed)
+            ratios.append(f"{table[auto][b]['tok_s'] / best:.2f}")
+        lines.append(
+            f"{auto} / best of {', '.join(fixed)}: {' / '.join(ratios)} at batch {' / '.join(map(str, batches))}"
+        )
+    return lines
 
 
 def _plan_summary(outs: list) -> str:
@@ -179,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     table = run(args.batches, args.max_new_tokens, args.repeats, args.threads, args.natural)
     print()
     print(markdown(table, args.batches))
+    for line in auto_versus_fixed(table, args.batches):
+        print(line)
 
 
 if __name__ == "__main__":
