@@ -577,16 +577,7 @@ def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         "(RAY_ADDRESS, else the one `ray start` started here); or the cluster at ADDRESS (HOST:6379, "
         "ray://HOST:10001). Put it after IN and OUT, or write --ray=ADDRESS",
     )
-    r.add_argument(
-        "--ray-num-cpus", type=float, default=1.0, metavar="N", help="CPUs per actor (default: %(default)s)"
-    )
-    r.add_argument(
-        "--ray-num-gpus",
-        type=float,
-        default=0.0,
-        metavar="N",
-        help="GPUs per actor (default: %(default)s; with --device cuda each actor uses the GPU Ray gives it)",
-    )
+    _ray_resources(r, "actor")
     r.add_argument(
         "--ray-actors",
         type=int,
@@ -594,6 +585,20 @@ def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         help="actors, one pipeline each (default: as many as the cluster's CPUs or GPUs hold)",
     )
     b.set_defaults(func=_lazy("hippo.cli.batch", "cmd_batch"))
+
+
+def _ray_resources(group: Any, unit: str) -> None:
+    """--ray-num-cpus and --ray-num-gpus: what each Ray actor (or Serve replica) holds."""
+    group.add_argument(
+        "--ray-num-cpus", type=float, default=1.0, metavar="N", help=f"CPUs per {unit} (default: %(default)s)"
+    )
+    group.add_argument(
+        "--ray-num-gpus",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help=f"GPUs per {unit} (default: %(default)s; with --device cuda each {unit} uses the GPU Ray gives it)",
+    )
 
 
 def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
@@ -651,6 +656,23 @@ def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds the requests in flight get to finish on SIGTERM (default: %(default)s)",
     )
+    r = s.add_argument_group("Ray Serve (pip install 'hippo[serve-ray]')")
+    r.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="serve the same app from Ray Serve replicas behind Ray's HTTP proxy on --host/--port: "
+        "alone, on a new local Ray instance; 'auto': the running cluster; or the cluster at ADDRESS",
+    )
+    r.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="replicas, one pipeline and one batch engine each (default: %(default)s)",
+    )
+    _ray_resources(r, "replica")
     s.set_defaults(func=_lazy("hippo.cli.serve", "cmd_serve"))
 
 

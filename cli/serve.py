@@ -436,29 +436,23 @@ async def _stream(reply: Reply, events: asyncio.Queue, ticket: Any, service: Ser
 
 
 # ---- the command ------------------------------------------------------------------------------------------
-def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    class _Server(uvicorn.Server):
-        """uvicorn's server, but a drained shutdown on SIGTERM or SIGINT exits 0 (uvicorn re-raises
-        the signal after its graceful shutdown, which kills the process with it)."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):
-            with super().capture_signals():
-                yield
-                self._captured_signals.clear()
-
-    from hippo.builder import PipelineBuilder
-    from hippo.cli.video_commands import generation_kwargs, pipeline_config, prepare, quiet_transformers
-    from hippo.registry import lookup
-
+def check_serve_options(args: argparse.Namespace) -> None:
     if not Path(args.media_dir).is_dir():
         raise ConfigError(
             f"--media-dir {args.media_dir!r} is not a directory; create it and put the videos there"
         )
     if args.max_batch < 1 or args.max_queue < 0 or not args.cache_gb > 0 or args.drain < 0:
         raise ConfigError("--max-batch must be >= 1, --max-queue >= 0, --cache-gb > 0 and --drain >= 0")
+
+
+def build_app(args: argparse.Namespace) -> tuple[FastAPI, Any, str]:
+    """(the app, its pipeline, the served model name) for `hippo serve`'s arguments: one pipeline and
+    one `Service` loop behind the app (in this process, or in one Ray Serve replica)."""
+    from hippo.builder import PipelineBuilder
+    from hippo.cli.video_commands import generation_kwargs, pipeline_config, prepare, quiet_transformers
+    from hippo.registry import lookup
+
+    check_serve_options(args)
     cfg = pipeline_config(args)
     builder = PipelineBuilder.from_config(cfg)  # names and options are validated here
     defaults = generation_kwargs(args)
@@ -481,7 +475,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_queue=args.max_queue,
             cache_bytes=int(args.cache_gb * (1 << 30)),
         )
-        app = create_app(service, name, args.media_dir, args.drain, defaults, video)
+        return create_app(service, name, args.media_dir, args.drain, defaults, video), pipe, name
+    except BaseException:
+        pipe.close()
+        raise
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.ray is not None:
+        from hippo.cli.serve_ray import serve_on_ray
+
+        return serve_on_ray(args)
+
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        """uvicorn's server, but a drained shutdown on SIGTERM or SIGINT exits 0 (uvicorn re-raises
+        the signal after its graceful shutdown, which kills the process with it)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()
+
+    app, pipe, name = build_app(args)
+    try:
         config = uvicorn.Config(
             app,
             host=args.host,

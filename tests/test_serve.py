@@ -42,20 +42,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("serve")
-    media = root / "media"
-    media.mkdir()
-    env = {
-        "target": save_checkpoint(root / "target", dtype=torch.float64),
-        "draft": save_checkpoint(root / "draft", role="draft", seed=1, dtype=torch.float64),
-        "long": write_video(media / "long.mp4", n=16, fps=8),
-        "short": write_video(media / "short.mp4", n=8, fps=8),
-        "outside": write_video(root / "outside.mp4", n=8, fps=8),
-        "media": media,
-    }
-    port = _free_port()
+def launch(env: dict, port: int, *extra: str, deadline: float = 120) -> tuple[subprocess.Popen, object]:
+    """`hippo serve` on the module's tiny pair at `port` (with `extra` options), once /health answers:
+    (the process, an openai client)."""
     cmd = [
         sys.executable,
         "-m",
@@ -74,7 +63,7 @@ def server(tmp_path_factory):
         "--gamma",
         "3",
         "--media-dir",
-        str(media),
+        str(env["media"]),
         "--port",
         str(port),
         "--max-batch",
@@ -85,23 +74,49 @@ def server(tmp_path_factory):
         MODEL,
         "--drain",
         "20",
+        *extra,
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
+    until = time.time() + deadline
     while True:
         try:
             if httpx.get(f"{base}/health", timeout=1).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
-        if proc.poll() is not None or time.time() > deadline:
+        if proc.poll() is not None or time.time() > until:
             proc.kill()
             pytest.fail(f"the server did not start: {proc.communicate()[1][-2000:]}")
         time.sleep(0.2)
-    env.update(
-        proc=proc, base=base, client=openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
-    )
+    return proc, openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The tiny float64 pair and the videos (two under the media directory, one outside it)."""
+    root = tmp_path_factory.mktemp("serve")
+    media = root / "media"
+    media.mkdir()
+    return {
+        "target": save_checkpoint(root / "target", dtype=torch.float64),
+        "draft": save_checkpoint(root / "draft", role="draft", seed=1, dtype=torch.float64),
+        "long": write_video(media / "long.mp4", n=16, fps=8),
+        "short": write_video(media / "short.mp4", n=8, fps=8),
+        "outside": write_video(root / "outside.mp4", n=8, fps=8),
+        "media": media,
+    }
+
+
+#: the tests of the one live server run on one worker, so it starts once (about 10 s)
+ONE_SERVER = pytest.mark.xdist_group("server")
+
+
+@pytest.fixture(scope="module")
+def server(files):
+    port = _free_port()
+    proc, client = launch(files, port)
+    env = {**files, "proc": proc, "base": f"http://127.0.0.1:{port}", "client": client}
     yield env
     if proc.poll() is None:
         proc.kill()
@@ -136,6 +151,7 @@ def ask(server, video, question, stream=False, **kw):
     return "".join(text), last.model_extra["hippo"], last.choices[0].finish_reason, last.usage
 
 
+@ONE_SERVER
 def test_concurrent_answers_equal_the_targets_own(server):
     """Six requests at once (two videos, streamed and not, other frame counts, a second question on
     a video already prepared): each answer's tokens are `target.generate`'s on that prompt alone."""
@@ -175,6 +191,7 @@ def pipe_text(server, ids):
     return AutoTokenizer.from_pretrained(str(server["target"])).decode(ids, skip_special_tokens=True)
 
 
+@ONE_SERVER
 def test_a_seeded_sample_reproduces_whatever_shares_its_batch(server):
     sampled = {"temperature": 1.5, "seed": 11, "max_tokens": 8}
     alone = ask(server, server["short"], "what happens ?", **sampled)[1]["token_ids"]
@@ -185,6 +202,7 @@ def test_a_seeded_sample_reproduces_whatever_shares_its_batch(server):
         [f.result() for f in crowd]
 
 
+@ONE_SERVER
 @pytest.mark.parametrize(
     "body, status, param",
     [
@@ -235,6 +253,7 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_healthy(server, bod
     assert httpx.get(f"{server['base']}/health").json() == {"status": "ok"}
 
 
+@ONE_SERVER
 def test_a_flood_past_the_queue_gets_429_and_the_rest_are_answered(server):
     def one(_):
         r = httpx.post(
@@ -255,6 +274,7 @@ def test_a_flood_past_the_queue_gets_429_and_the_rest_are_answered(server):
     assert all(retry == "1" for c, retry in results if c == 429)
 
 
+@ONE_SERVER
 def test_a_client_that_disconnects_frees_its_row(server):
     body = {
         "model": MODEL,
@@ -274,6 +294,7 @@ def test_a_client_that_disconnects_frees_its_row(server):
     assert httpx.get(f"{server['base']}/health").json() == {"status": "ok"}
 
 
+@ONE_SERVER
 def test_sigterm_drains_the_request_in_flight_and_exits_0(server):
     """Last: SIGTERM once a streamed answer has started (its first chunk read); it still ends whole,
     with its finish reason and [DONE], then the process exits 0."""
@@ -300,6 +321,64 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(server):
     if os.name == "posix":
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{server['base']}/health", timeout=2)
+
+
+@pytest.mark.slow
+def test_ray_serve_replicas_answer_as_one_process_does(files):
+    """`hippo serve --ray`: the same app on a Ray Serve replica behind Ray's HTTP proxy; answers,
+    streamed or not, are `target.generate`'s, errors are the app's own, and SIGTERM exits 0."""
+    pytest.importorskip("ray.serve")
+    port = _free_port()
+    proc, client = launch(files, port, "--ray", "--ray-num-cpus", "1", "--replicas", "1", deadline=180)
+    env = {**files, "proc": proc, "base": f"http://127.0.0.1:{port}", "client": client}
+    try:
+        target = hippo.PipelineBuilder().target(str(files["target"]), dtype=torch.float64)
+        pipe = target.scheduler("autoregressive").build()
+        for video, question, stream in (
+            ("short", "what happens ?", False),
+            ("long", "describe the video .", True),
+        ):
+            _, extra, finish, _ = ask(env, files[video], question, stream)
+            inputs = load_video_inputs(pipe.target_adapter, files[video], question, max_pixels=MAX_PIXELS)
+            L = inputs["input_ids"].shape[1]
+            with torch.inference_mode():
+                ref = pipe.target.generate(**inputs, max_new_tokens=8, do_sample=False)
+            assert extra["token_ids"] == ref[0, L:].tolist() and finish in ("stop", "length"), video
+        outside = httpx.post(
+            f"{env['base']}/v1/chat/completions",
+            json={"model": MODEL, "messages": messages(files["outside"], "what happens ?")},
+            timeout=60,
+        )
+        assert outside.status_code == 403, outside.text
+        assert outside.json()["error"]["param"] == "messages[0].content[0].video_url.url"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=90)
+    assert rc == 0, proc.stderr.read()[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--ray",), "--ray needs Ray Serve, which is not installed"),
+        (("--ray", "--replicas", "0"), "--replicas must be >= 1, got 0"),
+        (("--ray", "--ray-num-cpus", "0"), "a replica needs some resources"),
+    ],
+)
+def test_ray_serve_usage_errors(files, extra, message, monkeypatch, capsys):
+    """`hippo serve --ray` without Ray Serve names the extra; bad replica options are named; exit 2."""
+    from hippo.cli.main import main
+
+    if extra == ("--ray",):
+        monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    else:
+        pytest.importorskip("ray.serve")
+    argv = ["serve", "--target", str(files["target"]), "--media-dir", str(files["media"]), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hippo: error: ") and message in err, err
+    if extra == ("--ray",):
+        assert "pip install 'hippo[serve-ray]'" in err
 
 
 def _answer(ticket) -> tuple[str, object]:
