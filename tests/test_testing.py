@@ -225,7 +225,15 @@ def test_the_law_test_catches_the_planted_bug(name):
     assert report.check == "sampling" and "assert_sampling_exact(" in report.reproduce
 
 
-@pytest.mark.parametrize("name", ALL_PLANTED)
+def _check_param(name: str):
+    # a tree verifier's first law stage is the tree one, which catches the residual bug only at its
+    # last look (all N runs, ~50 s); CI sees `hippo check` catch that bug class through the installed
+    # third-party `lossy_residual_from_p` (test_installed_plugins_...), so this cell runs with the matrix
+    marks = [pytest.mark.matrix] if name == "planted_residual_from_p" else []
+    return pytest.param(name, marks=marks)
+
+
+@pytest.mark.parametrize("name", [_check_param(n) for n in ALL_PLANTED])
 def test_hippo_check_catches_the_planted_bug(name, capsys):
     """Exit 1 on every planted bug; the ones exact under greedy pass the greedy stage and fail the law
     (a tree verifier first with TREE_SETTINGS, where siblings are tested)."""
