@@ -5,8 +5,12 @@ One thread (the loop) owns the models: it admits queued requests while the batch
 (`max_batch`), prefills each on the pipeline's video context for its video, steps the engine
 (`hippo.engine.Engine`) one round at a time, and delivers every row's new tokens to its `Ticket`.
 A prefill is not chunked: the live rows wait while a new request is prefilled between two rounds.
-`prefills_per_round` caps how many are prefilled there while rows are live (default: as many as the
-batch has room for; 1 bounds the live rows' wait per round, at the cost of the new requests' TTFT).
+The prefills are interleaved with the rounds instead: while rows are live, at most
+`prepares_per_round` requests about a video not yet prepared (the long prefill: the video encoded and
+prefilled) are admitted between two rounds (default 1), while requests about a prepared video (a
+question's few tokens) are admitted as the batch has room; with no live row, nobody waits, and all
+that fit are admitted. `prefills_per_round` caps all admissions per round while rows are live
+(default: none).
 Other threads only submit, cancel and read tickets.
 
 - **Video prefix cache.** A request names a video file and frame options; the first request about a
@@ -76,6 +80,8 @@ class Ticket:
         self.cancelled = threading.Event()
         self.submitted = time.perf_counter()
         self.job: Any = None
+        self.key: tuple | None = None  # its video context's key (`ContextCache.key`), once the loop reads it
+        self.key_error: HippoError | None = None  # why the key could not be read (the request fails)
         self.tokens: list[int] = []
         self.text = ""
         self.stopped = False  # a stop string was reached: the loop cancels the row
@@ -133,12 +139,21 @@ class ContextCache:
         self.entries: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self.hits = self.misses = 0
 
+    @staticmethod
+    def key(path: str, options: dict[str, Any]) -> tuple:
+        """The context's key: the file's content hash and the video options (InputError: unreadable)."""
+        return (_digest(path), *(options.get(k) for k in VIDEO_OPTIONS))
+
+    def holds(self, key: tuple) -> bool:
+        ctx = self.entries.get(key)
+        return ctx is not None and not ctx.closed
+
     @property
     def nbytes(self) -> int:
         return sum(ctx.nbytes for ctx in self.entries.values())
 
-    def get(self, path: str, options: dict[str, Any]) -> Any:
-        key = (_digest(path), *(options.get(k) for k in VIDEO_OPTIONS))
+    def get(self, path: str, options: dict[str, Any], key: tuple | None = None) -> Any:
+        key = self.key(path, options) if key is None else key
         ctx = self.entries.get(key)
         if ctx is not None and not ctx.closed:
             self.hits += 1
@@ -188,6 +203,7 @@ class Service:
         max_queue: int = 64,
         cache_bytes: int = 4 << 30,
         prefills_per_round: int | None = None,  # while rows are live (None: as many as fit)
+        prepares_per_round: int | None = 1,  # new videos prepared per round while rows are live (None: all)
         on_round: Callable[[Service], None] | None = None,  # told after each round (metrics)
     ):
         if max_batch < 1 or max_queue < 0:
@@ -195,6 +211,7 @@ class Service:
         self.pipeline, self.tokenizer = pipeline, tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
         self.prefills_per_round = prefills_per_round
+        self.prepares_per_round = prepares_per_round
         self.contexts = ContextCache(pipeline, tokenizer, cache_bytes)
         self.engine = pipeline.engine()
         self.on_round = on_round
@@ -255,11 +272,10 @@ class Service:
                     self.cv.wait()
                 if not self.accepting and not self.live:
                     return
-                # between two rounds: as many as fit, or `prefills_per_round` at most while rows are live
-                room = self.max_batch - len(self.live)
-                if self.live and self.prefills_per_round is not None:
-                    room = min(room, self.prefills_per_round)
-                admit = [self.pending.popleft() for _ in range(min(room, len(self.pending)))]
+                waiting = list(self.pending)
+            self._read_keys(waiting)
+            with self.cv:
+                admit = self._choose()
             for ticket in admit:
                 self._admit(ticket)
             self._cancel_marked()
@@ -270,13 +286,42 @@ class Service:
             if self.live:
                 self._round()
 
+    def _read_keys(self, tickets: Sequence[Ticket]) -> None:
+        for ticket in tickets:
+            if ticket.key is None and ticket.key_error is None:
+                try:
+                    ticket.key = self.contexts.key(ticket.request.video, ticket.request.video_options)
+                except HippoError as exc:
+                    ticket.key_error = exc
+
+    def _choose(self) -> list[Ticket]:
+        """The queued requests to admit between two rounds (see the module doc), in queue order;
+        a request about a new video that must wait for a later round keeps its place."""
+        room = self.max_batch - len(self.live)
+        if self.live and self.prefills_per_round is not None:
+            room = min(room, self.prefills_per_round)
+        prepares = self.prepares_per_round if self.live else None
+        admit, keep, new = [], collections.deque(), set()
+        for ticket in self.pending:
+            fresh = ticket.key is not None and not self.contexts.holds(ticket.key) and ticket.key not in new
+            if len(admit) >= room or (fresh and prepares is not None and len(new) >= prepares):
+                keep.append(ticket)
+                continue
+            admit.append(ticket)
+            if fresh:
+                new.add(ticket.key)  # a second request about it finds it prepared
+        self.pending = keep
+        return admit
+
     def _admit(self, ticket: Ticket) -> None:
         if ticket.cancelled.is_set():
             ticket.fail(InputError("cancelled before it started"))
             return
         req, t0, waiting = ticket.request, time.perf_counter(), bool(self.live)
         try:
-            ctx = self.contexts.get(req.video, req.video_options)
+            if ticket.key_error is not None:
+                raise ticket.key_error
+            ctx = self.contexts.get(req.video, req.video_options, key=ticket.key)
             turn = Turn(ctx, text_question_ids(ctx, req.turns))
             generation = dict(req.generation)
             seed = generation.pop("seed", None)

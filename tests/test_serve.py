@@ -388,6 +388,52 @@ def _answer(ticket) -> tuple[str, object]:
             return kind, rest[0]
 
 
+def test_new_videos_are_prepared_one_per_round_while_rows_are_live(files):
+    """In process: while a row is live, requests about new videos are prepared one between two rounds
+    (the live rows wait for one video's prefill per round at most), and a question on a prepared video
+    joins at once; every request is answered."""
+    from tiny_checkpoint import tiny_tokenizer
+
+    from hippo.service import Request, Service
+
+    pipe = hippo.PipelineBuilder().target(str(files["target"]), dtype=torch.float64)
+    videos = [write_video(files["media"] / f"new{i}.mp4", n=10 + 2 * i, fps=8) for i in range(3)]
+    seen = []  # (rounds, videos prepared so far) after each round
+    service = Service(
+        pipe.scheduler("autoregressive").build(),
+        tiny_tokenizer(),
+        max_batch=5,
+        on_round=lambda s: seen.append((s.rounds, s.contexts.misses)),
+    )
+    try:
+        options = {"frames": 2, "max_pixels": MAX_PIXELS}
+        first = service.submit(
+            Request(
+                str(files["short"]),
+                [("what happens ?", None)],
+                options,
+                {"max_new_tokens": 40, "min_new_tokens": 40},
+            )
+        )
+        assert first.events.get(timeout=60)[0] == "started"
+        tickets = [
+            service.submit(Request(str(v), [("what happens ?", None)], options, {"max_new_tokens": 4}))
+            for v in videos
+        ]
+        tickets.append(
+            service.submit(
+                Request(str(files["short"]), [("describe it .", None)], options, {"max_new_tokens": 4})
+            )
+        )
+        for ticket in [first, *tickets]:
+            assert _answer(ticket)[0] == "end"
+    finally:
+        service.close(0)
+    steps = [b[1] - a[1] for a, b in zip(seen, seen[1:])]
+    assert service.contexts.misses == 4 and service.contexts.hits == 1
+    assert max(steps) == 1 and sum(steps) == 3, seen  # the three new videos, one per round
+
+
 def test_the_service_fails_a_prompt_longer_than_the_context_alone_and_bounds_its_video_cache(tmp_path):
     """In process (`hippo.service`, no HTTP): a request whose prompt passes the target's context fails
     with the message `hippo generate` prints, the next request is answered; the video cache keeps
