@@ -90,7 +90,7 @@ def actor_count(ray: Any, args: argparse.Namespace) -> int:
     return want
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     lines = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()  # Ray colours its messages
     return (lines[0] if lines else type(exc).__name__)[:300]
 
@@ -117,14 +117,14 @@ def ray_session(args: argparse.Namespace) -> Iterator[int]:
         except Exception as exc:  # ConnectionError, RuntimeError, ValueError, AuthenticationError...
             where = "a new local Ray instance" if address == "local" else f"the Ray cluster at {address!r}"
             raise ConfigError(
-                f"cannot start or reach {where} ({_first_line(exc)}); check --ray ADDRESS, or start a "
+                f"cannot start or reach {where} ({first_line(exc)}); check --ray ADDRESS, or start a "
                 "cluster with `ray start --head`"
             ) from exc
     try:
         yield actor_count(ray, args)  # before OUT is touched
     except ray.exceptions.RayError as exc:
         raise HippoError(
-            f"the Ray job failed ({_first_line(exc)}); the answers so far are in OUT: run the same command "
+            f"the Ray job failed ({first_line(exc)}); the answers so far are in OUT: run the same command "
             "again to resume"
         ) from exc
     finally:

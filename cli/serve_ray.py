@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from hippo.cli.batch_ray import _first_line, absolute
+from hippo.cli.batch_ray import first_line, absolute
 from hippo.errors import ConfigError, HippoError
 
 EXTRA = "pip install 'hippo[serve-ray]'"
@@ -96,7 +96,7 @@ def serve_on_ray(args: argparse.Namespace) -> int:
         except Exception as exc:
             where = "a new local Ray instance" if args.ray == "local" else f"the Ray cluster at {args.ray!r}"
             raise ConfigError(
-                f"cannot start or reach {where} ({_first_line(exc)}); check --ray ADDRESS, or start a "
+                f"cannot start or reach {where} ({first_line(exc)}); check --ray ADDRESS, or start a "
                 "cluster with `ray start --head`"
             ) from exc
     if not args.debug:
@@ -116,7 +116,7 @@ def serve_on_ray(args: argparse.Namespace) -> int:
             serve.run(deployment.bind(replica_options(args)), name=APP, route_prefix="/")
         except Exception as exc:
             raise HippoError(
-                f"the Ray Serve replicas did not start ({_first_line(exc)}); run `hippo serve` without "
+                f"the Ray Serve replicas did not start ({first_line(exc)}); run `hippo serve` without "
                 "--ray to see the error, or add --debug"
             ) from exc
         print(
