@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from hippo.cli.batch_ray import first_line, absolute
+from hippo.cli.batch_ray import absolute, first_line
 from hippo.errors import ConfigError, HippoError
 
 EXTRA = "pip install 'hippo[serve-ray]'"
