@@ -102,22 +102,9 @@ def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, nat
             calls[name] = _ours(pipes[-1], xs, padded, gen, last.setdefault(name, []))
         for call in calls.values():
             call(warm)  # untimed warm-up (allocator, packed weights, auto's costs)
-        # alternated: each repeat times every method once, starting one method later each time
-        names = list(calls)
-        times: dict[str, list[float]] = {n: [] for n in names}
-        firsts: dict[str, list[float]] = {n: [] for n in names}
-        rows: dict[str, list[list[int]]] = {}
-        for r in range(repeats):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                t0 = time.perf_counter()
-                rows[name] = calls[name](gen)
-                times[name].append(time.perf_counter() - t0)
-        for r in range(repeats):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                t0 = time.perf_counter()
-                calls[name](first)
-                firsts[name].append(time.perf_counter() - t0)
-        for name in names:
+        rows, times = _alternated(calls, gen, repeats)
+        _, firsts = _alternated(calls, first, repeats)
+        for name in calls:
             tokens = sum(len(r) for r in rows[name])
             differ = sum(r != a for r, a in zip(rows[name], alone[:b]))
             med, med1 = statistics.median(times[name]), statistics.median(firsts[name])
@@ -132,13 +119,27 @@ def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, nat
             }
             print(f"  {name:42s} batch {b}: {tokens / med:7.1f} tok/s, decode {decode:7.1f} tok/s ({tokens} tokens, "
                   f"{med:.2f} s, first token {med1:.2f} s; {differ} rows differ from generate alone)", flush=True)  # fmt: skip
-            if last.get(name) and name.startswith("hippo batched") and "auto" in name:
-                print(
-                    f"    {_plan_summary(last[name])}", flush=True
-                )  # what auto chose in its last timed call
+            if last.get(name) and "auto" in name:  # what auto chose in its last timed call
+                print(f"    {_plan_summary(last[name])}", flush=True)
         for pipe in pipes:
             pipe.close()
     return table
+
+
+def _alternated(
+    calls: dict[str, Callable[[dict], list[list[int]]]], g: dict, repeats: int
+) -> tuple[dict[str, list[list[int]]], dict[str, list[float]]]:
+    """Each repeat times every call once on settings `g`, starting one call later each repeat:
+    (each call's last rows, its seconds per repeat)."""
+    names = list(calls)
+    rows: dict[str, list[list[int]]] = {}
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            rows[name] = calls[name](g)
+            times[name].append(time.perf_counter() - t0)
+    return rows, times
 
 
 def _hf(target: Any, padded: dict, pad_id: int) -> Callable[[dict], list[list[int]]]:

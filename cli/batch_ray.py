@@ -40,13 +40,18 @@ def require_ray() -> Any:
     return ray
 
 
-def check_ray_options(args: argparse.Namespace) -> None:
-    require_ray()
+def check_ray_resources(args: argparse.Namespace, unit: str) -> None:
+    """--ray-num-cpus and --ray-num-gpus: numbers >= 0, not both 0 (each Ray `unit` needs some)."""
     for flag, value in (("--ray-num-cpus", args.ray_num_cpus), ("--ray-num-gpus", args.ray_num_gpus)):
         if not 0 <= value < math.inf:
             raise ConfigError(f"{flag} must be a number >= 0, got {value}")
     if args.ray_num_cpus == 0 and args.ray_num_gpus == 0:
-        raise ConfigError("an actor needs some resources: give --ray-num-cpus or --ray-num-gpus > 0")
+        raise ConfigError(f"{unit} needs some resources: give --ray-num-cpus or --ray-num-gpus > 0")
+
+
+def check_ray_options(args: argparse.Namespace) -> None:
+    require_ray()
+    check_ray_resources(args, "an actor")
     if args.ray_actors is not None and args.ray_actors < 1:
         raise ConfigError(f"--ray-actors must be >= 1, got {args.ray_actors}")
 
@@ -100,6 +105,24 @@ def absolute(path: str | None) -> str | None:
     return None if path is None else os.path.abspath(os.path.expanduser(path))
 
 
+def connect(ray: Any, args: argparse.Namespace) -> bool:
+    """Connect to Ray as --ray says, unless this process is connected already; True when this call
+    connected (the caller shuts Ray down). A failed connection is a usage error (ConfigError)."""
+    if ray.is_initialized():
+        return False
+    address = args.ray  # "local" (a bare --ray): always a new instance, whatever runs already
+    level = logging.INFO if args.debug else logging.ERROR
+    try:
+        ray.init(address=address, logging_level=level, log_to_driver=bool(args.debug))
+    except Exception as exc:  # ConnectionError, RuntimeError, ValueError, AuthenticationError...
+        where = "a new local Ray instance" if address == "local" else f"the Ray cluster at {address!r}"
+        raise ConfigError(
+            f"cannot start or reach {where} ({first_line(exc)}); check --ray ADDRESS, or start a "
+            "cluster with `ray start --head`"
+        ) from exc
+    return True
+
+
 @contextlib.contextmanager
 def ray_session(args: argparse.Namespace) -> Iterator[int]:
     """Ray, connected for the job: a new local instance for a bare --ray (shut down afterwards), the
@@ -108,18 +131,7 @@ def ray_session(args: argparse.Namespace) -> Iterator[int]:
     connection is a usage error; a Ray failure during the job is a HippoError saying that a re-run
     resumes."""
     ray = require_ray()
-    started = not ray.is_initialized()
-    if started:
-        address = args.ray  # "local" (a bare --ray): always a new instance, whatever runs already
-        level = logging.INFO if args.debug else logging.ERROR
-        try:
-            ray.init(address=address, logging_level=level, log_to_driver=bool(args.debug))
-        except Exception as exc:  # ConnectionError, RuntimeError, ValueError, AuthenticationError...
-            where = "a new local Ray instance" if address == "local" else f"the Ray cluster at {address!r}"
-            raise ConfigError(
-                f"cannot start or reach {where} ({first_line(exc)}); check --ray ADDRESS, or start a "
-                "cluster with `ray start --head`"
-            ) from exc
+    started = connect(ray, args)
     try:
         yield actor_count(ray, args)  # before OUT is touched
     except ray.exceptions.RayError as exc:

@@ -567,17 +567,14 @@ def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         help="records read ahead and sorted by length; their inputs are held in memory (default: 4 x "
         "--batch-size); with --ray, the records each actor call takes",
     )
-    r = b.add_argument_group("Ray (pip install 'hippo[ray]')")
-    r.add_argument(
-        "--ray",
-        nargs="?",
-        const="local",
-        metavar="ADDRESS",
-        help="run on Ray Data actors: alone, on a new local Ray instance; 'auto': the running cluster "
+    r = _ray_group(
+        b,
+        "Ray (pip install 'hippo[ray]')",
+        "actor",
+        "run on Ray Data actors: alone, on a new local Ray instance; 'auto': the running cluster "
         "(RAY_ADDRESS, else the one `ray start` started here); or the cluster at ADDRESS (HOST:6379, "
         "ray://HOST:10001). Put it after IN and OUT, or write --ray=ADDRESS",
     )
-    _ray_resources(r, "actor")
     r.add_argument(
         "--ray-actors",
         type=int,
@@ -587,8 +584,11 @@ def _batch_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     b.set_defaults(func=_lazy("hippo.cli.batch", "cmd_batch"))
 
 
-def _ray_resources(group: Any, unit: str) -> None:
-    """--ray-num-cpus and --ray-num-gpus: what each Ray actor (or Serve replica) holds."""
+def _ray_group(parser: Any, title: str, unit: str, where: str) -> Any:
+    """The Ray options' group: --ray [ADDRESS] (`where`: what it does), and --ray-num-cpus and
+    --ray-num-gpus, what each Ray `unit` (actor, Serve replica) holds."""
+    group = parser.add_argument_group(title)
+    group.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS", help=where)
     group.add_argument(
         "--ray-num-cpus", type=float, default=1.0, metavar="N", help=f"CPUs per {unit} (default: %(default)s)"
     )
@@ -599,6 +599,7 @@ def _ray_resources(group: Any, unit: str) -> None:
         metavar="N",
         help=f"GPUs per {unit} (default: %(default)s; with --device cuda each {unit} uses the GPU Ray gives it)",
     )
+    return group
 
 
 def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
@@ -656,13 +657,11 @@ def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds the requests in flight get to finish on SIGTERM (default: %(default)s)",
     )
-    r = s.add_argument_group("Ray Serve (pip install 'hippo[serve-ray]')")
-    r.add_argument(
-        "--ray",
-        nargs="?",
-        const="local",
-        metavar="ADDRESS",
-        help="serve the same app from Ray Serve replicas behind Ray's HTTP proxy on --host/--port: "
+    r = _ray_group(
+        s,
+        "Ray Serve (pip install 'hippo[serve-ray]')",
+        "replica",
+        "serve the same app from Ray Serve replicas behind Ray's HTTP proxy on --host/--port: "
         "alone, on a new local Ray instance; 'auto': the running cluster; or the cluster at ADDRESS",
     )
     r.add_argument(
@@ -672,7 +671,6 @@ def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         metavar="N",
         help="replicas, one pipeline and one batch engine each (default: %(default)s)",
     )
-    _ray_resources(r, "replica")
     s.set_defaults(func=_lazy("hippo.cli.serve", "cmd_serve"))
 
 

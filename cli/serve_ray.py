@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import signal
 import threading
 from pathlib import Path
 from typing import Any
 
-from hippo.cli.batch_ray import absolute, first_line
+from hippo.cli.batch_ray import absolute, check_ray_resources, connect, first_line
 from hippo.errors import ConfigError, HippoError
 
 EXTRA = "pip install 'hippo[serve-ray]'"
@@ -66,11 +65,7 @@ def replica_options(args: argparse.Namespace) -> dict[str, Any]:
 def check_options(args: argparse.Namespace) -> None:
     if args.replicas < 1:
         raise ConfigError(f"--replicas must be >= 1, got {args.replicas}")
-    for flag, value in (("--ray-num-cpus", args.ray_num_cpus), ("--ray-num-gpus", args.ray_num_gpus)):
-        if not 0 <= value < math.inf:
-            raise ConfigError(f"{flag} must be a number >= 0, got {value}")
-    if args.ray_num_cpus == 0 and args.ray_num_gpus == 0:
-        raise ConfigError("a replica needs some resources: give --ray-num-cpus or --ray-num-gpus > 0")
+    check_ray_resources(args, "a replica")
 
 
 def serve_on_ray(args: argparse.Namespace) -> int:
@@ -88,17 +83,7 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     with quiet_transformers(args.debug, False):
         prepare(args, cfg, lookup("schedulers", cfg.scheduler.name).needs_draft)
     name = args.served_model_name or Path(cfg.target).name
-    started = not ray.is_initialized()
-    level = logging.INFO if args.debug else logging.ERROR
-    if started:
-        try:
-            ray.init(address=args.ray, logging_level=level, log_to_driver=bool(args.debug))
-        except Exception as exc:
-            where = "a new local Ray instance" if args.ray == "local" else f"the Ray cluster at {args.ray!r}"
-            raise ConfigError(
-                f"cannot start or reach {where} ({first_line(exc)}); check --ray ADDRESS, or start a "
-                "cluster with `ray start --head`"
-            ) from exc
+    started = connect(ray, args)
     if not args.debug:
         logging.getLogger("ray.serve").setLevel(logging.ERROR)
     stop = threading.Event()
