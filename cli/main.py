@@ -164,6 +164,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         sampling=args.sampling,
         adapters=args.adapter,
         shrink=not args.no_shrink,
+        laws=args.law,
     )
     print(result.text())
     return EXIT_MISMATCH if result.status else 0
@@ -196,6 +197,13 @@ def _check_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run the sampling law test (about 2000 seeded runs: it detects any law at total variation "
         "0.05 from the target's with probability >= 0.95)",
+    )
+    c.add_argument(
+        "--law",
+        action="append",
+        metavar="CONFIG",
+        help="with --sampling, run the law on this configuration of the part's plan only: 'default', "
+        "'conversation turn 2' or 'token trees' (repeatable; default: every one the part takes part in)",
     )
     c.add_argument(
         "--no-shrink",

@@ -173,7 +173,7 @@ class CompiledStep:
     dtype or cache size may add graphs, which inductor's on-disk cache makes cheap later.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, backend: str = "inductor"):
         self.model = model
         cuda = next(model.parameters()).device.type == "cuda"
         options = {"triton.cudagraphs": True} if cuda else {"freezing": True}
@@ -181,11 +181,16 @@ class CompiledStep:
         def step(ids, pos, cache):
             return model(input_ids=ids, position_ids=pos, **cache_arg(cache), use_cache=True).logits
 
-        self._fn = torch.compile(step, dynamic=not cuda, options=options)
+        if backend != "inductor":  # e.g. "eager": dynamo's graphs without inductor's code (debugging)
+            options = None
+        self._fn = torch.compile(step, dynamic=not cuda, backend=backend, options=options)
 
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor, cache: Any) -> tuple[torch.Tensor, float]:
         graphs = _graphs()
         t0 = time.perf_counter()
+        # pos's leading dim is the rotary sections (3 for M-RoPE), never the token count: static,
+        # or dynamo's duck sizing gives it ids' symbol when k equals it and specialises k to it
+        torch._dynamo.mark_static(pos, 0)
         with torch.no_grad():  # freezing (weights as constants) compiles only outside autograd
             logits = self._fn(ids, pos, cache)
         if _graphs() == graphs:

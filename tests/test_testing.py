@@ -280,6 +280,23 @@ def test_hippo_check_names_the_law_check_that_failed(lossy_plugin, capsys):
     assert "the law check on the default case FAILED" in out
 
 
+@pytest.mark.parametrize(
+    ("args", "messages"),
+    [
+        (["--law", "default"], ["--law picks the law checks of --sampling: add --sampling"]),
+        (
+            ["--sampling", "--law", "token trees"],
+            ["--law 'token trees' is not a law check of scheduler 'serial'", "'default', 'conversation turn 2'"],
+        ),
+    ],
+)
+def test_hippo_check_law_names_a_configuration_of_the_plan(args, messages, capsys):
+    """`--law` runs the law on some of the part's configurations; one outside its plan is bad usage."""
+    assert main(["check", "serial", *args, "--examples", "1", "--adapter", ADAPTER]) == 2
+    err = capsys.readouterr().err
+    assert all(m in err for m in messages), err
+
+
 # ---- installed for real: the lossy package and the third-party package with its own suite -------------
 
 
@@ -298,12 +315,14 @@ def test_installed_plugins_with_hippo_check_and_their_own_suite(installed_fixtur
     assert raising.returncode == 1, raising.stdout + raising.stderr
     assert "scheduler 'lossy_raising' from hippo-lossy-example 0.1.0 raised RuntimeError" in raising.stdout
     # a verifier whose only bug is the residual (drawn from p): exact under greedy, caught in law; the
-    # held-out drafter's fixed twin passes every law check of its plan, at full power (its bug,
-    # `lossy_unwarped_q`, is caught in process above: test_hippo_check_names_the_law_check_that_failed)
+    # held-out drafter's fixed twin passes the default case's law check at full power (its bug,
+    # `lossy_unwarped_q`, is caught in process above: test_hippo_check_names_the_law_check_that_failed;
+    # the conversation's turn 2 draws what `generate` draws: tests/lossless/test_conversation.py)
     runs = (("lossy_residual_from_p", 1, "verifier"), ("fixed_chain", 0, "drafter"))
     for name, status, kind in runs:
         check = subprocess.run(
-            [*hippo_cli, "check", name, "--sampling", "--examples", "1", "--adapter", ADAPTER, "--no-shrink"],
+            [*hippo_cli, "check", name, "--sampling", "--law", "default", "--examples", "1"]
+            + ["--adapter", ADAPTER, "--no-shrink"],
             capture_output=True,
             text=True,
             env=env,
@@ -312,6 +331,7 @@ def test_installed_plugins_with_hippo_check_and_their_own_suite(installed_fixtur
         assert check.returncode == status, check.stdout + check.stderr
         assert f"{kind} {name!r} from hippo-lossy-example 0.1.0" in check.stdout
         assert ("sampling check FAILED" in check.stdout) == (status == 1), check.stdout
+        assert "sampling: the law on 1 configuration: default" in check.stdout, check.stdout
     # the third party's own suite, on the public API and the pytest plugin's --hippo-examples
     suite = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hippo-examples", "2", "tests"],

@@ -184,8 +184,10 @@ def check_plugin(
     sampling: bool = False,
     adapters: list[str] | None = None,
     shrink: bool = True,
+    laws: list[str] | None = None,
 ) -> CheckResult:
-    """Run the greedy harness (and with `sampling` the law test) on the part registered as `name`."""
+    """Run the greedy harness (and with `sampling` the law test) on the part registered as `name`;
+    `laws`: the configurations of its `sampling_plan` to run the law on (None: all of them)."""
     from hypothesis.errors import Flaky
 
     from hippo.testing.batch import assert_batch_lossless
@@ -198,6 +200,17 @@ def check_plugin(
         raise ConfigError(f"--examples must be >= 1, got {examples}")
     kind, source = find_kind(name, kind)
     _check_buildable(kind, name)
+    plan = sampling_plan(kind, name)
+    if laws is not None:
+        if not sampling:
+            raise ConfigError("--law picks the law checks of --sampling: add --sampling")
+        unknown = [law for law in laws if law not in plan]
+        if unknown:
+            raise ConfigError(
+                f"--law {unknown[0]!r} is not a law check of {kind[:-1]} {name!r}; its plan: "
+                + ", ".join(repr(p) for p in plan)
+            )
+        plan = [p for p in plan if p in laws]
     build = plugin_build(kind, name)
     if kind == "adapters":
         if name not in tiny_adapters():
@@ -231,8 +244,8 @@ def check_plugin(
         res.lines.append(f"batched: lossless on {batch.summary()}")
         if sampling:
             adapter = (adapters or [default_adapter()])[0]
-            plan = sampling_plan(kind, name)
-            res.lines.append(f"sampling: the law on {len(plan)} configurations: {', '.join(plan)}")
+            configurations = "configuration" if len(plan) == 1 else "configurations"
+            res.lines.append(f"sampling: the law on {len(plan)} {configurations}: {', '.join(plan)}")
             for which in plan:
                 res.stage = which
                 law = _sampling_check(which, kind, name, build, adapter, seed)

@@ -485,9 +485,10 @@ SWITCHY = {"verify": {1: 1.0, 2: 1.1, 17: 2.6}, "draft": 0.3}
 
 @pytest.mark.parametrize(
     "scheduler",
-    # serial's γ from the cost model is a path of the planted-bug matrix, checked at full power in
-    # test_sampling.py; its switching check runs with the matrix
-    [pytest.param("serial", marks=pytest.mark.matrix), "hippo"],
+    # serial's and hippo's γ from the cost model are paths of the planted-bug matrix, each checked at
+    # full power in test_sampling.py, as every path is once; these second law checks of theirs run
+    # with the matrix (`pytest -m matrix`), and test_any_switching_is_lossless switches under greedy
+    [pytest.param("serial", marks=pytest.mark.matrix), pytest.param("hippo", marks=pytest.mark.matrix)],
 )
 def test_switching_samples_the_target_law(scheduler):
     """Sampling with rounds and target-only steps mixed within each run: the target's exact law,

@@ -14,6 +14,8 @@ Float64 on CPU, so equality is exact.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from hypothesis import strategies as st
@@ -152,3 +154,30 @@ def test_compiled_graphs_are_reused_across_calls():
     graphs = _graphs()
     out = pipe.generate(prompt.inputs, max_new_tokens=12, do_sample=False)
     assert _graphs() == graphs and out.stats.seconds_compile == 0.0
+
+
+class _MRoPEToy(torch.nn.Module):
+    """A model whose forward broadcasts 3-section positions (`expand(3, -1, -1)`), as Qwen2.5-VL's
+    rotary embedding does: k tokens of position_ids [3, 1, k]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(11, 4), torch.nn.Linear(4, 11)
+
+    def forward(self, input_ids, position_ids, use_cache=True, **cache):
+        pos = position_ids.expand(3, -1, -1).float().mean(0)  # [1, k]
+        return SimpleNamespace(logits=self.head(self.emb(input_ids) + pos[..., None]))
+
+
+def test_a_compiled_step_compiles_one_graph_for_one_token_and_one_for_more():
+    """k = 3 first, as a γ = 2 verification is, and then k = 1, 2, 5: two graphs. (dynamo's duck sizing
+    used to give k the symbol of the positions' 3 sections and specialise k = 3: a third graph.)
+    Dynamo's graphs, without inductor's code for them (seconds each)."""
+    from hippo.static import CompiledStep, _graphs
+
+    step, before = CompiledStep(_MRoPEToy().eval(), backend="eager"), _graphs()
+    for k in (3, 1, 2, 5):
+        ids, pos = torch.arange(k)[None], torch.arange(k).expand(3, 1, k).clone()  # [1, k], [3, 1, k]
+        logits, _ = step(ids, pos, None)
+        assert logits.shape == (1, k, 11)
+    assert _graphs() - before == 2
