@@ -286,7 +286,10 @@ def test_hippo_check_names_the_law_check_that_failed(lossy_plugin, capsys):
         (["--law", "default"], ["--law picks the law checks of --sampling: add --sampling"]),
         (
             ["--sampling", "--law", "token trees"],
-            ["--law 'token trees' is not a law check of scheduler 'serial'", "'default', 'conversation turn 2'"],
+            [
+                "--law 'token trees' is not a law check of scheduler 'serial'",
+                "'default', 'conversation turn 2'",
+            ],
         ),
     ],
 )
