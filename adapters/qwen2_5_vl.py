@@ -26,7 +26,7 @@ from hippo.media.inputs import (
     expand_placeholder,
     model_dir,
     processor_settings,
-    resize_frames,
+    resize_frames_uint8,
     sampled_fps,
     smart_resize,
     token_string,
@@ -39,7 +39,7 @@ CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.261302
 
 
 def frames_to_pixel_values(
-    video: torch.Tensor,  # [T, H, W, 3] in [0, 1]; H, W multiples of 28
+    video: torch.Tensor,  # [T, H, W, 3] floats in [0, 1], or uint8; H, W multiples of 28
     patch: int = 14,
     temporal: int = 2,
     merge: int = 2,
@@ -50,17 +50,26 @@ def frames_to_pixel_values(
 
     Temporal patch 2, patch 14, 2x2 merge windows kept contiguous, normalised with `mean`/`std`.
     Used when no video processor is saved with the checkpoint: that processor needs torchvision,
-    which has no CPU wheel matching this project's torch.
+    which has no CPU wheel matching this project's torch. uint8 frames are laid out as bytes and then
+    normalised in place, ((x / 255) - mean) / std: the same float32 operations, so the same values as
+    from `x.float() / 255`, in a quarter of the memory traffic of the float path.
     """
     T, H, W, _ = video.shape
     if T % temporal:  # the processor repeats the last frame to fill the temporal patch
         video = torch.cat([video, video[-1:].expand(temporal - T % temporal, -1, -1, -1)])
         T = video.shape[0]
-    x = ((video.float() - torch.tensor(mean)) / torch.tensor(std)).permute(0, 3, 1, 2)  # [T, 3, H, W]
     gt, gh, gw = T // temporal, H // patch, W // patch
+    rows, width = gt * gh * gw, 3 * temporal * patch * patch
+    if video.dtype == torch.uint8:
+        x = video.reshape(gt, temporal, gh // merge, merge, patch, gw // merge, merge, patch, 3)
+        x = x.permute(0, 2, 5, 3, 6, 8, 1, 4, 7)  # t, h/m, w/m, m, m, C, temporal, p, p
+        x = x.reshape(rows, 3, temporal * patch * patch).float().div_(255.0)
+        x = x.sub_(torch.tensor(mean)[:, None]).div_(torch.tensor(std)[:, None])
+        return x.reshape(rows, width), torch.tensor([[gt, gh, gw]])
+    x = ((video.float() - torch.tensor(mean)) / torch.tensor(std)).permute(0, 3, 1, 2)  # [T, 3, H, W]
     x = x.reshape(gt, temporal, 3, gh // merge, merge, patch, gw // merge, merge, patch)
     x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # t, h/m, w/m, m, m, C, temporal, p, p
-    return x.reshape(gt * gh * gw, 3 * temporal * patch * patch), torch.tensor([[gt, gh, gw]])
+    return x.reshape(rows, width), torch.tensor([[gt, gh, gw]])
 
 
 def _batch1(inputs: dict[str, Any], key: str) -> torch.Tensor:
@@ -167,7 +176,7 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
             h, w = smart_resize(H, W, patch * merge, lo, hi, frames=max(T, temporal), temporal=temporal)
         else:
             h, w = smart_resize(H, W, patch * merge, lo, hi)
-        x = resize_frames(frames, h, w)  # [T, h, w, 3] in [0, 1]
+        x = resize_frames_uint8(frames, h, w)  # [T, h, w, 3] uint8
         return frames_to_pixel_values(
             x, patch, temporal, merge, tuple(s["image_mean"]), tuple(s["image_std"])
         )

@@ -298,18 +298,25 @@ def smart_resize(
     return h, w
 
 
-def resize_frames(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """frames [T, H, W, 3] uint8 -> [T, height, width, 3] floats in [0, 1] (bicubic, antialiased).
+def resize_frames_uint8(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """frames [T, H, W, 3] uint8 -> [T, height, width, 3] uint8 (bicubic, antialiased), as transformers'
+    processors resize uint8 frames on a CPU: torchvision's resize runs torch's native uint8 kernel
+    for bicubic there. The frames themselves when the size is already right.
 
-    Rounded back to 8 bits before rescaling, as transformers' processors resize uint8 frames.
+    (Resizing in float32 and rounding back, as this did before, gives pixels up to a few levels apart
+    and took 4-5 s for a 128-frame 720p clip on a 2-core EPYC, against about 0.3 s.)
     """
-    x = frames.permute(0, 3, 1, 2).float()  # [T, 3, H, W]
-    if tuple(x.shape[-2:]) != (height, width):
-        x = torch.nn.functional.interpolate(
-            x, size=(height, width), mode="bicubic", antialias=True, align_corners=False
-        )
-        x = x.round().clamp_(0, 255)
-    return x.permute(0, 2, 3, 1) / 255.0
+    if tuple(frames.shape[1:3]) == (height, width):
+        return frames
+    x = torch.nn.functional.interpolate(
+        frames.permute(0, 3, 1, 2), size=(height, width), mode="bicubic", antialias=True, align_corners=False
+    )  # [T, 3, height, width] uint8
+    return x.permute(0, 2, 3, 1)
+
+
+def resize_frames(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """frames [T, H, W, 3] uint8 -> [T, height, width, 3] floats in [0, 1] (`resize_frames_uint8` / 255)."""
+    return resize_frames_uint8(frames, height, width).float() / 255.0
 
 
 # ---- text -----------------------------------------------------------------------------------------

@@ -112,6 +112,34 @@ def test_qwen2_5_vl_inputs_are_the_processor_layout(files) -> None:
     assert inputs["second_per_grid_ts"].tolist() == [pytest.approx(1.0)]
 
 
+@pytest.mark.parametrize("shape", [(4, 56, 84), (3, 28, 28), (6, 112, 56)])
+def test_uint8_frames_are_laid_out_as_their_floats_are(shape) -> None:
+    """The media path lays uint8 frames out as bytes and normalises them afterwards: bit for bit the
+    pixel values of the same frames as floats in [0, 1] (what the benchmarks' pairs were trained on)."""
+    from hippo.adapters.qwen2_5_vl import frames_to_pixel_values
+
+    frames = torch.randint(0, 256, (*shape, 3), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
+    fast, grid = frames_to_pixel_values(frames)
+    ref, ref_grid = frames_to_pixel_values(frames.float() / 255.0)
+    assert torch.equal(fast, ref) and torch.equal(grid, ref_grid)
+
+
+def test_frames_are_resized_by_torchs_uint8_kernel() -> None:
+    """Bicubic and antialiased in uint8, as torchvision's resize runs it on a CPU (and the processors
+    with it); a clip already at the size is passed through."""
+    from hippo.media.inputs import resize_frames_uint8
+
+    frames = torch.randint(0, 256, (3, 100, 150, 3), generator=torch.Generator().manual_seed(1)).to(
+        torch.uint8
+    )
+    out = resize_frames_uint8(frames, 56, 84)
+    ref = torch.nn.functional.interpolate(
+        frames.permute(0, 3, 1, 2), size=(56, 84), mode="bicubic", antialias=True, align_corners=False
+    )
+    assert out.dtype == torch.uint8 and torch.equal(out, ref.permute(0, 2, 3, 1))
+    assert resize_frames_uint8(frames, 100, 150) is frames
+
+
 def test_qwen2_5_vl_resizes_to_max_pixels(files) -> None:
     pipe = hippo.PipelineBuilder().target(str(files["qwen2_5_vl/target"])).scheduler("autoregressive").build()
     frames = torch.zeros(3, 100, 150, 3, dtype=torch.uint8)
