@@ -57,7 +57,7 @@ def measure(frames: int, max_pixels: int, repeats: int, prefill: bool, directory
     from hippo.cli.pair.checkpoint import NARRATE_DIR, load_pair
     from hippo.media.inputs import build_video_inputs, decode_video, load_tokenizer
 
-    target, draft, _ = load_pair(directory=NARRATE_DIR)
+    target, draft, _ = load_pair(directory=NARRATE_DIR, wide=prefill)  # the widening only costs prefill
     pipe = hippo.PipelineBuilder().target(target).draft(draft).scheduler("autoregressive").build()
     tokenizer = load_tokenizer(NARRATE_DIR / "target")
     path = write_clip(directory / f"clip{frames}.mp4", frames)
