@@ -415,6 +415,26 @@ def test_auto_runs_the_target_alone_where_no_draft_could_pay(auto_scheduler, tmp
     assert out.stats.plan["schedule"] != "autoregressive" and out.stats.rounds > 0
 
 
+def test_auto_takes_pearl_where_the_draft_shares_the_targets_device(auto_scheduler, tmp_path, monkeypatch):
+    """pearl and hippo decode alike in the cost model; hippo's early draft prefill is free only where
+    the draft has a device of its own, so a tie goes to pearl on one device and to hippo on two."""
+    target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
+    p = hm.Prompt.default(ADAPTER, target)
+    costs = {"verify": {1: 1.0, 2: 1.05, 17: 2.0}, "draft": 0.5}  # drafting beside p pays
+    b = hippo.PipelineBuilder().target(target).draft(draft).selector("uniform", keep_ratio=0.5)
+    pipe = b.scheduler("auto", cache_dir=str(tmp_path), costs=costs).build()
+    monkeypatch.setattr(auto_scheduler, "usable_cores", lambda: 8)  # a draft process is offered
+    job = pipe.job(p.inputs, do_sample=False, max_new_tokens=8)
+    name, record = pipe.scheduler.choose(job)
+    rates = record["tokens_per_second"]
+    assert record["draft_overlaps_target"] and rates["pearl"] == rates["hippo"] > rates["serial"]
+    assert name == "pearl" and "shares the target's device" in record["why"]
+    monkeypatch.setattr(auto_scheduler, "own_device", lambda job: True)
+    name, record = pipe.scheduler.choose(job)
+    assert name == "hippo" and "its own device" in record["why"]
+    pipe.close()
+
+
 # ---- hippo generate -v / --json -------------------------------------------------------------------
 
 
