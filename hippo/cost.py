@@ -9,9 +9,11 @@ Notation: p = target, q = draft, γ = draft length, α = probability that a draf
 - t_draft: seconds per draft token, as observed so far in this call.
 - A scheduler's `costs` option fixes t_verify (and t_draft, if given) instead of measuring them:
   `scheduler="auto"` passes its cached measurements this way, and tests force the switches with it.
-- p's curve is measured once, q's t_draft live: where the load on the machine changes, the two
-  drift apart. The target-only steps are timed, and the median of the recent ones over the
-  calibrated t_decode rescales p's curve (`GammaPlan.scale`).
+- p's curve is measured once, q's t_draft live: where the load on the machine changes, or the
+  context grows (a long video after a calibration on a short one), the two drift apart. So p's
+  forwards are timed as they happen, target-only steps and verifications alike (a round's one
+  forward of k tokens, against t_verify(k)), and the median of the recent ratios rescales p's curve
+  (`GammaPlan.scale`).
 - α: the acceptance seen so far in this call, recent rounds weighing more, and a prior that fades
   like an old round (`Acceptance`): 1/2, or the α of the pipeline's earlier jobs where the `auto`
   scheduler carries it (`AutoGamma.prior`). A round checks its accepted tokens and, if it rejected,
@@ -66,7 +68,8 @@ def calibration_widths(gamma_max: int) -> list[int]:
 #: Target-only steps after drafting first loses; doubled after each probe that still loses, up to the max.
 BACKOFF_START = 4
 BACKOFF_MAX = 256
-#: target-only steps whose median time rescales p's calibrated curve (`GammaPlan.scale`)
+#: p's recent forwards (target-only steps, verifications) whose median ratio to the calibrated curve
+#: rescales it (`GammaPlan.scale`)
 LIVE_STEPS = 16
 
 
@@ -303,9 +306,10 @@ class GammaPlan:
         self.backoff = BACKOFF_START
         self.target_steps = self.target_runs = self.probes = 0
         self.last: dict = {}  # the last decision's inputs and predicted tokens/s
-        #: the last LIVE_STEPS target-only steps, each measured seconds over its curve's t_decode
+        #: p's last LIVE_STEPS forwards of a round, each measured seconds over its curve's t_verify(k)
         self.decode_ratios: list[float] = []
-        self._mark: tuple[float, int, float] | None = None  # p's (seconds, forwards, t_decode) before a step
+        #: p's (seconds, forwards, tokens fed, curve) before a round
+        self._mark: tuple[float, int, int | None, VerifyCurve] | None = None
 
     def next(
         self,
@@ -364,24 +368,32 @@ class GammaPlan:
         self.last["gamma"] = gamma
         if gamma == 0:
             self.target_steps += 1
-            if target is not None and curve is not None:
-                self._mark = (target.seconds_decode, target.forwards, curve(1))
+        if target is not None and curve is not None:
+            tokens = getattr(target, "tokens_forwarded", None)
+            self._mark = (target.seconds_decode, target.forwards, tokens, curve)
         return gamma
 
     def _observe(self, target: Any) -> None:
-        """Book the seconds of the target-only step just taken (one forward of one token)."""
+        """Book the seconds of p's forward in the round just taken, against the curve's t_verify(k):
+        a round of one forward only (a target-only step, k = 1, or a verification of k tokens, read
+        off the session's `tokens_forwarded`; without it, target-only steps alone)."""
         if self._mark is not None and target is not None:
-            before, forwards, t_decode = self._mark
+            before, forwards, tokens, curve = self._mark
             seconds, forwards = target.seconds_decode - before, target.forwards - forwards
-            if forwards == 1 and seconds > 0:
-                self.decode_ratios = [*self.decode_ratios[1 - LIVE_STEPS :], seconds / t_decode]
+            if tokens is not None:
+                k = target.tokens_forwarded - tokens
+            else:
+                k = 1 if self.last.get("gamma") == 0 else 0
+            if forwards == 1 and k >= 1 and seconds > 0:
+                self.decode_ratios = [*self.decode_ratios[1 - LIVE_STEPS :], seconds / curve(k)]
         self._mark = None
 
     @property
     def scale(self) -> float:
-        """p's live step time over its calibrated t_decode: the median of the recent target-only
-        steps, so that p's calibrated curve and q's live t_draft compare under the same load (1
-        where t_draft is fixed too: `costs` then is the whole model)."""
+        """p's live forward time over its calibrated curve: the median of the recent rounds' ratios
+        (target-only steps and verifications), so that p's calibrated curve and q's live t_draft
+        compare under the same load and context (1 where t_draft is fixed too: `costs` then is the
+        whole model)."""
         if not self.decode_ratios or self.auto.t_draft is not None:
             return 1.0
         return statistics.median(self.decode_ratios)

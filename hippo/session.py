@@ -81,6 +81,7 @@ class KVSession(ModelSession):
         self.generated: list[int] = []
         self.seconds_decode = 0.0
         self.forwards = 0
+        self.tokens_forwarded = 0  # tokens fed by the forwards after the prefill (k per forward)
         self._block: tuple[int, torch.Tensor, torch.Tensor] | None = None  # forward_masked, until keep
         self.packed: PackedLinears | None = None  # packed linear weights (set by PackedSessions) ...
         self.packed_rows = 0  # ... for forwards of up to packed_rows tokens
@@ -100,6 +101,7 @@ class KVSession(ModelSession):
         synchronize(self.device)
         self.seconds_decode += time.perf_counter() - t0
         self.forwards += 1
+        self.tokens_forwarded += ids.shape[1]
         return logits
 
     def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # ids [1, k] -> logits [k, V]
@@ -152,6 +154,7 @@ class KVSession(ModelSession):
         synchronize(self.device)
         self.seconds_decode += time.perf_counter() - t0
         self.forwards += 1
+        self.tokens_forwarded += k
         self._block = (past, tokens.cpu(), logits)
         return logits
 

@@ -72,6 +72,7 @@ class BatchedCache:
         self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, S]
         self.seconds = 0.0  # wall-clock seconds in forwards
         self.forwards = 0
+        self.tokens_forwarded = 0  # the width W of each forward, summed
         self.join(sessions)
 
     @torch.inference_mode()
@@ -156,6 +157,7 @@ class BatchedCache:
             torch.cuda.current_stream(self.device).synchronize()
         self.seconds += time.perf_counter() - t0
         self.forwards += 1
+        self.tokens_forwarded += W  # per row: t_verify(B, k) is of k tokens a row
         return logits
 
     @torch.inference_mode()

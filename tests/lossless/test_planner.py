@@ -540,11 +540,12 @@ class _Clock:
     """A target session's timing counters, advanced by hand."""
 
     def __init__(self) -> None:
-        self.seconds_decode, self.forwards = 0.0, 0
+        self.seconds_decode, self.forwards, self.tokens_forwarded = 0.0, 0, 0
 
-    def step(self, seconds: float) -> None:
+    def step(self, seconds: float, k: int = 1) -> None:
         self.seconds_decode += seconds
         self.forwards += 1
+        self.tokens_forwarded += k
 
 
 @pytest.mark.parametrize(("step_seconds", "drafts_again"), [(1.0, False), (10.0, True)])
@@ -565,6 +566,29 @@ def test_live_target_steps_rescale_the_calibrated_curve(step_seconds, drafts_aga
     _round(stats, g, 0)  # the probe is rejected too
     target.step(step_seconds)
     assert (plan.next(stats, 0.2, target) > 0) is drafts_again
+
+
+def test_live_verifications_rescale_the_calibrated_curve():
+    """p's curve was calibrated on a short context; on a long one each verification of γ + 1 tokens
+    takes 3x the curve's t_verify(γ + 1). Without a single target-only step, the plan's scale follows
+    (3), and with p's time tripled against q's live t_draft it drafts longer than the stale curve
+    would have it at the same acceptance (3 of each drafting accepted)."""
+    curve = {1: 1.0, 2: 1.05, 4: 1.2, 8: 1.5, 17: 2.6}
+    plan = AutoGamma(parallel=False, costs={"verify": curve}).plan(prior=0.8)
+    stats, target = Stats(), _Clock()
+    g = plan.next(stats, 0.3, target)
+    first = g
+    for _ in range(8):  # 3 drafts accepted a round; each verification 3x the calibration
+        _round(stats, g, min(g, 3))
+        target.step(3.0 * plan.auto.curve(g + 1), k=g + 1)
+        g = plan.next(stats, 0.3, target)
+    assert plan.target_steps == 0 and plan.scale == pytest.approx(3.0)
+    stale = AutoGamma(parallel=False, costs={"verify": curve}).plan(prior=0.8)
+    stale_stats = Stats()
+    for _ in range(9):  # the same rounds, untimed: the calibrated curve as it was
+        gs = stale.next(stale_stats, 0.3)
+        _round(stale_stats, gs, min(gs, 3))
+    assert g > stale.next(stale_stats, 0.3) and first >= 1
 
 
 def test_the_model_digest_sees_one_changed_weight(auto_scheduler):
