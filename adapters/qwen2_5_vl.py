@@ -59,17 +59,15 @@ def frames_to_pixel_values(
         video = torch.cat([video, video[-1:].expand(temporal - T % temporal, -1, -1, -1)])
         T = video.shape[0]
     gt, gh, gw = T // temporal, H // patch, W // patch
-    rows, width = gt * gh * gw, 3 * temporal * patch * patch
-    if video.dtype == torch.uint8:
-        x = video.reshape(gt, temporal, gh // merge, merge, patch, gw // merge, merge, patch, 3)
-        x = x.permute(0, 2, 5, 3, 6, 8, 1, 4, 7)  # t, h/m, w/m, m, m, C, temporal, p, p
-        x = x.reshape(rows, 3, temporal * patch * patch).float().div_(255.0)
-        x = x.sub_(torch.tensor(mean)[:, None]).div_(torch.tensor(std)[:, None])
-        return x.reshape(rows, width), torch.tensor([[gt, gh, gw]])
-    x = ((video.float() - torch.tensor(mean)) / torch.tensor(std)).permute(0, 3, 1, 2)  # [T, 3, H, W]
-    x = x.reshape(gt, temporal, 3, gh // merge, merge, patch, gw // merge, merge, patch)
-    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # t, h/m, w/m, m, m, C, temporal, p, p
-    return x.reshape(rows, width), torch.tensor([[gt, gh, gw]])
+    x = video.reshape(gt, temporal, gh // merge, merge, patch, gw // merge, merge, patch, 3)
+    x = x.permute(0, 2, 5, 3, 6, 8, 1, 4, 7)  # t, h/m, w/m, m, m, C, temporal, p, p
+    x = x.reshape(gt * gh * gw, 3, temporal * patch * patch)
+    mean_, std_ = torch.tensor(mean)[:, None], torch.tensor(std)[:, None]  # [3, 1]
+    if video.dtype == torch.uint8:  # normalised in place on the float copy of the laid-out bytes
+        x = x.float().div_(255.0).sub_(mean_).div_(std_)
+    else:
+        x = (x.float() - mean_) / std_
+    return x.reshape(gt * gh * gw, 3 * temporal * patch * patch), torch.tensor([[gt, gh, gw]])
 
 
 def _batch1(inputs: dict[str, Any], key: str) -> torch.Tensor:

@@ -307,9 +307,9 @@ class GammaPlan:
         self.target_steps = self.target_runs = self.probes = 0
         self.last: dict = {}  # the last decision's inputs and predicted tokens/s
         #: p's last LIVE_STEPS forwards of a round, each measured seconds over its curve's t_verify(k)
-        self.decode_ratios: list[float] = []
+        self.live_ratios: list[float] = []
         #: p's (seconds, forwards, tokens fed, curve) before a round
-        self._mark: tuple[float, int, int | None, VerifyCurve] | None = None
+        self._mark: tuple[float, int, int, VerifyCurve] | None = None
 
     def next(
         self,
@@ -369,23 +369,22 @@ class GammaPlan:
         if gamma == 0:
             self.target_steps += 1
         if target is not None and curve is not None:
-            tokens = getattr(target, "tokens_forwarded", None)
+            tokens = getattr(target, "tokens_forwarded", 0)
             self._mark = (target.seconds_decode, target.forwards, tokens, curve)
         return gamma
 
     def _observe(self, target: Any) -> None:
         """Book the seconds of p's forward in the round just taken, against the curve's t_verify(k):
-        a round of one forward only (a target-only step, k = 1, or a verification of k tokens, read
-        off the session's `tokens_forwarded`; without it, target-only steps alone)."""
+        a round of one forward only, of k tokens (the session's `tokens_forwarded`; a session that
+        does not count them has its target-only steps booked, k = 1, and no verification)."""
         if self._mark is not None and target is not None:
             before, forwards, tokens, curve = self._mark
             seconds, forwards = target.seconds_decode - before, target.forwards - forwards
-            if tokens is not None:
-                k = target.tokens_forwarded - tokens
-            else:
-                k = 1 if self.last.get("gamma") == 0 else 0
+            k = getattr(target, "tokens_forwarded", 0) - tokens
+            if k < 1 and self.last.get("gamma") == 0:
+                k = 1
             if forwards == 1 and k >= 1 and seconds > 0:
-                self.decode_ratios = [*self.decode_ratios[1 - LIVE_STEPS :], seconds / curve(k)]
+                self.live_ratios = [*self.live_ratios[1 - LIVE_STEPS :], seconds / curve(k)]
         self._mark = None
 
     @property
@@ -394,9 +393,9 @@ class GammaPlan:
         (target-only steps and verifications), so that p's calibrated curve and q's live t_draft
         compare under the same load and context (1 where t_draft is fixed too: `costs` then is the
         whole model)."""
-        if not self.decode_ratios or self.auto.t_draft is not None:
+        if not self.live_ratios or self.auto.t_draft is not None:
             return 1.0
-        return statistics.median(self.decode_ratios)
+        return statistics.median(self.live_ratios)
 
     def book(self, stats: Stats) -> None:
         """Put the job's target-only steps and the plan's record on its stats."""

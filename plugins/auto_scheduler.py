@@ -271,13 +271,10 @@ class AutoScheduler(Scheduler):
         else:
             name = max(offered, key=lambda n: now[n])  # the first of `order` on a tie
             why = f"the most predicted tokens/s of the drafting schedules at α = {alpha:.2f}"
-            if name in ("hippo", "pearl"):
-                why += (
-                    "; hippo's early draft prefill is free: the draft has its own device"
-                    if name == "hippo"
-                    else "; pearl, not hippo: the draft shares the target's device, so an early draft "
-                    "prefill would slow the target's"
-                )
+            if name == "hippo":
+                why += "; hippo, not pearl: the draft has its own device, so its early prefill is free"
+            elif name == "pearl":
+                why += "; pearl, not hippo: the draft shares the target's device, so an early draft prefill would slow the target's"
             if now[name] < now["autoregressive"]:
                 why += "; slower than the target alone there, so γ = 0 decodes with it, probing the draft"
         record = {
