@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 import weakref
 from typing import Any
 
@@ -183,7 +184,7 @@ class CompiledStep:
 
         if backend != "inductor":  # e.g. "eager": dynamo's graphs without inductor's code (debugging)
             options = None
-        self._fn = torch.compile(step, dynamic=not cuda, backend=backend, options=options)
+        self._fn = torch.compile(_own_code(step), dynamic=not cuda, backend=backend, options=options)
 
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor, cache: Any) -> tuple[torch.Tensor, float]:
         graphs = _graphs()
@@ -197,6 +198,16 @@ class CompiledStep:
             return logits, 0.0
         synchronize(logits.device)  # this call compiled a graph: book its time as compiling
         return logits, time.perf_counter() - t0
+
+
+def _own_code(fn: Any) -> Any:
+    """`fn` on a copy of its code object. Dynamo keeps its graphs, its record of which sizes vary and
+    its recompile count (`recompile_limit`, 8) per code object: on one shared `step`, the fifth model
+    of a process compiled nothing and ran eagerly, and a model's graphs depended on the models
+    compiled before it. With a code object each, every model gets the same two graphs."""
+    return types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
 
 
 def _graphs() -> int:
