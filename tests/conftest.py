@@ -2,9 +2,10 @@
 
 Hypothesis profiles, chosen with the environment variable HYPOTHESIS_PROFILE:
 - `dev` (default): a handful of examples per test, for quick local runs;
-- `ci`: enough examples that tests/lossless runs several hundred in total. Not derandomized: each
-  run explores new examples; a failure prints its `@reproduce_failure` blob and the harness's
-  one-line reproduction (hippo.testing.report). The cases that failed before run every time as
+- `ci`: 15 examples a test (weighted per test: `hippo.testing.strategies.examples`), several
+  hundred in tests/lossless in all. Not derandomized: each run explores new examples; a failure
+  prints its `@reproduce_failure` blob and the harness's one-line reproduction
+  (hippo.testing.report). The cases that failed before run every time as
   fixed examples (`hippo.testing.greedy.regression_cases`, and `@example`s on the tests).
 - `repeat`: the `ci` profile derandomized, to re-run exactly the examples of a previous run.
 
@@ -44,7 +45,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "ci",
-    max_examples=30,
+    max_examples=15,
     deadline=None,
     database=None,
     print_blob=True,
@@ -66,7 +67,20 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"hypothesis profile: {name} (max_examples={settings().max_examples}; set {PROFILE_ENV})"
 
 
+def _longest_first(item: pytest.Item) -> int:
+    """xdist hands the two workers the tests in collection order, so a long test collected last
+    leaves one worker idle while the other finishes it: the xdist groups (one worker runs each group
+    whole, minutes) go first, then the `slow` tests, then tests/lossless (the harness's drawn cases and
+    the ~2,000-run law checks), then the rest, short unit and CLI tests that even out the end."""
+    if item.get_closest_marker("xdist_group"):
+        return 0
+    if item.get_closest_marker("slow"):
+        return 1
+    return 2 if "lossless" in item.path.parts else 3
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_longest_first)  # stable: a module's tests keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; torch.cuda.is_available() is False")

@@ -95,7 +95,11 @@ PATHS: dict[str, Path] = {
             hs.LAW_CONFIGS["qwen2_5_vl serial chain gamma=auto"],
             "tests/lossless/test_sampling.py",
         ),
-        Path("scheduler=auto", hs.LAW_CONFIGS["qwen2_5_vl auto chain"], "tests/lossless/test_sampling.py"),
+        Path(
+            "scheduler=auto",
+            hs.LAW_CONFIGS["qwen2_5_vl auto chain"],
+            "tests/lossless/test_sampling.py (-m matrix; each job runs a stock schedule, checked in the suite)",
+        ),
         Path(
             "conversation turn 2",
             hs.SECOND_TURN,

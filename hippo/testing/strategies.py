@@ -42,7 +42,7 @@ def examples(weight: float) -> int:
 
 
 def law_runs() -> int:
-    """Seeded pipeline runs for a sampling smoke run: 10 per example (300 with the ci profile).
+    """Seeded pipeline runs for a sampling smoke run: 10 per example (150 with the ci profile).
 
     Not the runs of a law check: `assert_sampling_exact` and `LawCheck` pick N for their stated power
     (>= 0.95 against any total-variation error of 0.05, `hippo.testing.power`), and refuse an explicit

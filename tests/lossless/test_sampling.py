@@ -64,6 +64,12 @@ def _marks(name: str, cfg: dict) -> list:
         # ~90 ms a run (the draft's own prefill in its process, the round trips): ~3 minutes at full
         # power, so with the matrix; its greedy collapse is caught in the suite (test_matrix.py)
         return [pytest.mark.xdist_group("processes"), pytest.mark.matrix]
+    if cfg.get("scheduler") == "auto":
+        # `auto` samples nothing itself: each job runs a stock drafting schedule with γ = "auto"
+        # (`AutoScheduler.run`), whose honest law checks run here (serial and hippo with γ = "auto",
+        # pearl); its greedy collapse is caught in the suite (test_matrix.py), its honest check in the
+        # matrix tier (~2,000 runs, 50 s on 2 cores)
+        return [pytest.mark.matrix]
     return [] if name in ON_A_PATH else [pytest.mark.matrix]
 
 
@@ -134,12 +140,18 @@ def test_every_law_check_can_see_a_greedy_collapse():
     """Every law the suite checks gives its likeliest sequence at most MAX_MODE = 0.9: a pipeline that
     always emits it is at TV >= 0.1 = 2 epsilon (`planted_greedy_collapse`, caught on every path:
     test_matrix.py); and each reaches the stated power within the default max_runs."""
+    # configurations with the same settings share their law: one power search for each law
+    seen: dict[tuple, str] = {}
     for name, law in _laws().items():
-        top = max(law.values())
+        key = tuple(sorted(law.items()))
+        assert max(law.values()) <= MAX_MODE, (name, max(law.values()))
+        if key in seen:
+            continue
+        seen[key] = name
         n = pw.runs_for(law, most=3000)
-        assert top <= MAX_MODE, (name, top)
         assert pw.power_of(law, n) >= pw.POWER, (name, n)
         LawCheck.plan(law)  # the configuration's own assertion (mode and power) passes
+    assert len(seen) > 1
 
 
 def test_a_law_too_peaked_to_see_a_collapse_is_refused():
