@@ -319,3 +319,28 @@ def test_a_policy_applies_its_processors_as_their_list_does():
     assert torch.equal(pickle.loads(pickle.dumps(policy.fork())).process(seq, logits), expected)
     with pytest.raises(ValueError, match="extra"):
         TokenPolicy(LogitsProcessorList([WantsMore()]), False, torch.Generator()).process(seq, logits)
+
+
+@settings(max_examples=examples(2), deadline=None)
+@given(
+    n=st.integers(1, 2500),
+    p=st.sampled_from([0.0, 1.0, 0.5, 0.898, 0.102, 1e-6]) | st.floats(0.0, 1.0),
+    alpha=st.sampled_from([1e-7, 4e-5, 1e-3, 0.05]),
+)
+def test_the_batched_tails_are_the_tails_of_each_pmf(n, p, alpha):
+    """`worst_power` tests every set at once (`thresholds_of`, `reject_probabilities`); each row is the
+    exact test of its own pmf: lo the last k with P(O <= k) <= alpha / 2, hi the first with
+    P(O >= k) <= alpha / 2, and the rejection probability their tails' mass."""
+    from hippo.testing import power as pw
+
+    pmf = pw.binomial_pmf(n, p)  # [n + 1]
+    assert abs(float(pmf.sum()) - 1.0) < 1e-9
+    lower, upper = torch.cumsum(pmf, 0), torch.flip(torch.cumsum(torch.flip(pmf, [0]), 0), [0])
+    below = [k for k in range(n + 1) if lower[k] <= alpha / 2]
+    above = [k for k in range(n + 1) if upper[k] <= alpha / 2]
+    lo, hi = (below[-1] if below else -1), (above[0] if above else n + 1)
+    assert pw.thresholds.__wrapped__(n, p, alpha) == (lo, hi)
+    q = min(1.0, p + 0.05)
+    reject = float(pw.binomial_pmf(n, q)[: lo + 1].sum() + pw.binomial_pmf(n, q)[hi:].sum())
+    both = pw.reject_probabilities(n, [p, 0.5], [q, 0.5], alpha)  # [2]: the row of p, beside another
+    assert abs(float(both[0]) - reject) < 1e-12

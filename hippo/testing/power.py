@@ -61,33 +61,61 @@ LOOKS = (0.1, 0.3, 1.0)  # fractions of N at which a check tests (a broken pipel
 # ---- binomial tails, exact in float64 ---------------------------------------------------------
 
 
-def binomial_pmf(n: int, p: float) -> torch.Tensor:  # -> [n + 1]
+def binomial_pmfs(n: int, ps: Sequence[float]) -> torch.Tensor:  # -> [len(ps), n + 1]
+    """The Binomial(n, p) pmf for each p, one row each (p <= 0 or >= 1: all mass on 0 or n)."""
     k = torch.arange(n + 1, dtype=torch.float64)
-    if p <= 0.0 or p >= 1.0:
-        out = torch.zeros(n + 1, dtype=torch.float64)
-        out[0 if p <= 0.0 else n] = 1.0
-        return out
-    logc = math.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
-    return torch.exp(logc + k * math.log(p) + (n - k) * math.log1p(-p))
+    out = torch.zeros(len(ps), n + 1, dtype=torch.float64)
+    inner = []  # the rows with 0 < p < 1
+    for i, p in enumerate(ps):
+        if 0.0 < p < 1.0:
+            inner.append(i)
+        else:
+            out[i, 0 if p <= 0.0 else n] = 1.0
+    if inner:
+        logc = math.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
+        log_p = torch.tensor([math.log(ps[i]) for i in inner], dtype=torch.float64)[:, None]
+        log_q = torch.tensor([math.log1p(-ps[i]) for i in inner], dtype=torch.float64)[:, None]
+        out[inner] = torch.exp(logc + k * log_p + (n - k) * log_q)
+    return out
+
+
+def binomial_pmf(n: int, p: float) -> torch.Tensor:  # -> [n + 1]
+    return binomial_pmfs(n, [p])[0]
+
+
+def thresholds_of(n: int, ps: Sequence[float], alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo [len(ps)], hi [len(ps)]): for each p, the two-sided exact test at level alpha (alpha/2 each
+    tail) rejects O <= lo or O >= hi (lo = -1, hi = n + 1: that tail never rejects)."""
+    pmf = binomial_pmfs(n, ps)  # [S, n + 1]
+    lower = torch.cumsum(pmf, 1)  # P(O <= k), nondecreasing in k
+    upper = torch.flip(torch.cumsum(torch.flip(pmf, [1]), 1), [1])  # P(O >= k), nonincreasing
+    lo = (lower <= alpha / 2).sum(1) - 1  # the last k of the prefix where P(O <= k) <= alpha / 2
+    hi = (n + 1) - (upper <= alpha / 2).sum(1)  # the first k of the suffix where P(O >= k) <= alpha / 2
+    return lo, hi
 
 
 @lru_cache(maxsize=4096)
 def thresholds(n: int, p: float, alpha: float) -> tuple[int, int]:
     """(lo, hi): the two-sided exact test at level alpha (alpha/2 each tail) rejects O <= lo or O >= hi."""
-    pmf = binomial_pmf(n, p)
-    lower = torch.cumsum(pmf, 0)  # P(O <= k)
-    upper = torch.flip(torch.cumsum(torch.flip(pmf, [0]), 0), [0])  # P(O >= k)
-    below = (lower <= alpha / 2).nonzero().flatten()
-    above = (upper <= alpha / 2).nonzero().flatten()
-    lo = int(below.max()) if below.numel() else -1
-    hi = int(above.min()) if above.numel() else n + 1
-    return lo, hi
+    lo, hi = thresholds_of(n, [p], alpha)
+    return int(lo[0]), int(hi[0])
+
+
+def reject_probabilities(
+    n: int, p_null: Sequence[float], p_true: Sequence[float], alpha: float
+) -> torch.Tensor:  # -> [len(p_null)]
+    """For each pair, the probability that the test of p_null at level alpha rejects O ~ Binomial(n, p_true)."""
+    unique = sorted(set(p_null))  # a set's test is shifted both ways: each null comes twice
+    lo, hi = thresholds_of(n, unique, alpha)  # [U], [U]
+    row = torch.tensor([unique.index(p) for p in p_null])  # [T]
+    lo, hi = lo[row], hi[row]  # [T], [T]
+    k = torch.arange(n + 1)
+    rejects = (k <= lo[:, None]) | (k >= hi[:, None])  # [T, n + 1]
+    return (binomial_pmfs(n, p_true) * rejects).sum(1)
 
 
 def reject_probability(n: int, p_null: float, p_true: float, alpha: float) -> float:
-    lo, hi = thresholds(n, p_null, alpha)
-    pmf = binomial_pmf(n, p_true)
-    return float(pmf[: lo + 1].sum() + pmf[hi:].sum())
+    return float(reject_probabilities(n, [p_null], [p_true], alpha)[0])
 
 
 # ---- cells, sets, the test ------------------------------------------------------------------------
@@ -143,14 +171,16 @@ def rejections(counts: Sequence[int], probs: Sequence[float], alpha: float) -> l
 def worst_power(probs: Sequence[float], n: int, alpha: float, epsilon: float = EPSILON) -> float:
     """Smallest probability that the n-run test rejects a law of the cells at TV epsilon from probs."""
     k = len(probs)
-    level = set_level(k, alpha)
-    worst = 1.0
+    nulls, shifted = [], []  # every set's P(A), and P(A) moved by epsilon either way
     for s in sets(k):
         a = sum(probs[i] for i in s)
-        for shifted in (a + epsilon, a - epsilon):
-            if 0.0 <= shifted <= 1.0:
-                worst = min(worst, reject_probability(n, min(round(a, 15), 1.0), shifted, level))
-    return worst
+        for moved in (a + epsilon, a - epsilon):
+            if 0.0 <= moved <= 1.0:
+                nulls.append(min(round(a, 15), 1.0))
+                shifted.append(moved)
+    if not shifted:
+        return 1.0
+    return min(1.0, float(reject_probabilities(n, nulls, shifted, set_level(k, alpha)).min()))
 
 
 def power_of(
