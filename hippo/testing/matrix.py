@@ -15,7 +15,7 @@ cell caught at which look or seed (or why not exercised), is printed by
 
     python -m hippo.testing.matrix [PATH ...]
 
-(it runs every cell: about 20 minutes on two cores). tests/lossless/test_matrix.py runs the cells that
+(it runs every cell: about 8 minutes on two cores). tests/lossless/test_matrix.py runs the cells that
 are exercised: in the default suite the greedy-collapse column on every path and every cell of the
 coupled paths but the compiled target (which recompiles for each planted part), the rest under
 `python -m pytest -m matrix`.
