@@ -78,9 +78,8 @@ class ModelSession(ABC):
     last_logits: torch.Tensor | None  # [V] logits after the last consumed token (None after a rollback)
     seconds_decode: float = 0.0  # wall-clock seconds spent in forward passes
     forwards: int = 0  # forward passes after the prefill (a verification round is one)
-    tokens_forwarded: int = (
-        0  # tokens those passes fed (`hippo.cost.GammaPlan` times each against t_verify(k))
-    )
+    #: tokens those passes fed (`hippo.cost.GammaPlan` times each pass against t_verify(k))
+    tokens_forwarded: int = 0
     seconds_compile: float = 0.0  # of `seconds_decode`: forwards that compiled a graph (hippo.static)
 
     @abstractmethod

@@ -107,7 +107,8 @@ def reject_probabilities(
     """For each pair, the probability that the test of p_null at level alpha rejects O ~ Binomial(n, p_true)."""
     unique = sorted(set(p_null))  # a set's test is shifted both ways: each null comes twice
     lo, hi = thresholds_of(n, unique, alpha)  # [U], [U]
-    row = torch.tensor([unique.index(p) for p in p_null])  # [T]
+    index = {p: i for i, p in enumerate(unique)}
+    row = torch.tensor([index[p] for p in p_null])  # [T]
     lo, hi = lo[row], hi[row]  # [T], [T]
     k = torch.arange(n + 1)
     rejects = (k <= lo[:, None]) | (k >= hi[:, None])  # [T, n + 1]
