@@ -9,18 +9,11 @@
   process until they are taken off (`drop_output_capturing_hooks`). transformers installs them again
   at the model's next forward, from what each model class registered when a model of it was built;
   in a process that only unpickled the model, `register_output_capturing` registers it.
-- Grouped-query attention under a mask (`grouped_query_sdpa`): transformers' SDPA path repeats K
-  and V of the whole cache for each group of query heads when a forward of more than one token
-  comes with a mask, unless TRANSFORMERS_SDPA_FORCE_GQA is set (then torch's kernel reads the grouped
-  heads itself, `enable_gqa`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -61,23 +54,3 @@ def register_output_capturing(model: torch.nn.Module) -> None:
         can_record = getattr(module, "_can_record_outputs", None)
         if can_record:
             _CAN_RECORD_REGISTRY[module] = can_record
-
-
-_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
-
-
-@contextlib.contextmanager
-def grouped_query_sdpa(device: torch.device) -> Iterator[None]:
-    """On a CPU, forwards in this context hand grouped K/V heads to torch's SDPA kernel even with a
-    mask, instead of copying the cache once per query-head group: the narration pair's batch of 8
-    rows verifies 2 / 4 / 8 tokens per row in 27 / 33 / 50 ms instead of 69 / 78 / 101 ms. The
-    same attention, so the same tokens. Not on CUDA, where transformers keeps masked GQA off its
-    slow math kernel; a value the user set is left alone."""
-    if device.type != "cpu" or _FORCE_GQA in os.environ:
-        yield
-        return
-    os.environ[_FORCE_GQA] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop(_FORCE_GQA, None)

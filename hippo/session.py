@@ -11,8 +11,9 @@ from typing import Any
 import attrs
 import torch
 
-from hippo.compat import cache_arg, grouped_query_sdpa
+from hippo.compat import cache_arg
 from hippo.errors import ConfigError, UnsupportedError
+from hippo.gqa import grouped_query_sdpa
 from hippo.interfaces import ModelSession
 from hippo.kvcache import keep_rows
 from hippo.packed import MAX_ROWS, PackedLinears

@@ -35,9 +35,9 @@ from contextlib import nullcontext
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from hippo.compat import grouped_query_sdpa
 from hippo.cost import VerifyCurve, time_widths
 from hippo.errors import UnsupportedError
+from hippo.gqa import grouped_query_sdpa
 from hippo.kvcache import SlabLayer
 from hippo.packed import PackedLinears
 from hippo.session import KVSession, embeddable, step_logits

@@ -22,8 +22,9 @@ Profiled (narration target after a 587-token prompt, 2 threads, an Intel Xeon wi
 heads, since transformers' SDPA path repeats them whenever an attention mask is given and a static
 cache always gives one. `TRANSFORMERS_SDPA_FORCE_GQA=1` (SDPA's own grouped-query attention) brought
 the step to 7.9 ms. It is not set here: set for the whole process it changes the attention of every
-model, and hippo's scoped switch (`hippo.compat.grouped_query_sdpa`) does not reach the compiled graph
-(measured: a compiled 6-token verification took 20.4 ms inside it, 15.7 ms with the variable set at start).
+model, and hippo's packing of grouped query heads (`hippo.gqa`) is scoped to its eager forwards and
+stays out of compiled graphs (measured with the variable: a compiled 6-token verification took 20.4 ms
+inside a scoped switch, 15.7 ms with the variable set at start).
 """
 
 from __future__ import annotations

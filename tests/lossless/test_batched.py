@@ -7,7 +7,6 @@ at different rounds. Float64 tiny models on CPU, so equality is exact.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -412,26 +411,6 @@ def test_map_gives_a_bad_row_of_a_batch_its_own_error():
         assert any("batch of 2" in note for note in got[rid].stats.notes)
         want = hr.reference(target, p.inputs, do_sample=False, max_new_tokens=n)[0, p.length :].tolist()
         assert got[rid].token_ids == want
-
-
-def test_grouped_query_attention_is_scoped_to_hippos_masked_forwards(monkeypatch):
-    """`grouped_query_sdpa` lets torch read grouped K/V heads under a mask only inside the context,
-    only on a CPU, and leaves a value the user set alone; the rows above are equal to `generate`
-    with it (the tiny models have 2 query heads per K/V head)."""
-    from hippo.compat import _FORCE_GQA, grouped_query_sdpa
-
-    monkeypatch.delenv(_FORCE_GQA, raising=False)
-    with grouped_query_sdpa(torch.device("cpu")):
-        assert os.environ[_FORCE_GQA] == "1"
-    assert _FORCE_GQA not in os.environ
-    with grouped_query_sdpa(torch.device("meta")):
-        assert _FORCE_GQA not in os.environ
-    monkeypatch.setenv(_FORCE_GQA, "0")
-    with grouped_query_sdpa(torch.device("cpu")):
-        assert os.environ[_FORCE_GQA] == "0"
-    assert os.environ[_FORCE_GQA] == "0"
-    sizes = hm.tiny("qwen2_5_vl", "target").config.text_config
-    assert sizes.num_attention_heads > sizes.num_key_value_heads
 
 
 def run_arrivals(pipe, target, prompts, gens, arrive, cancel, seen) -> None:
