@@ -7,7 +7,6 @@ at different rounds. Float64 tiny models on CPU, so equality is exact.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from hypothesis import given, settings
