@@ -248,6 +248,43 @@ def test_the_back_off_doubles_and_resets():
     assert plan.backoff == BACKOFF_START
 
 
+def _target_alone_runs(choices: list[int]) -> list[int]:
+    runs, count = [], 0
+    for g in [*choices, 1]:
+        if g == 0:
+            count += 1
+        elif count:
+            runs.append(count)
+            count = 0
+    return runs
+
+
+def test_a_job_with_a_carried_acceptance_starts_from_the_last_jobs_back_off():
+    """A plan started from a carried α (`auto`'s earlier jobs) waits half the back-off the last booked
+    plan ended with before its first probe, not BACKOFF_START; a plan of its own α (no prior) starts
+    at BACKOFF_START, and a plan whose drafting paid at its end leaves BACKOFF_START behind."""
+    auto = AutoGamma(parallel=False, costs=COSTS)
+    first, stats = auto.plan(), Stats()
+    for _ in range(200):
+        if g := first.next(stats, None):
+            _round(stats, g, 0)
+    first.book(stats)
+    assert auto.carried_backoff == first.backoff > 4 * BACKOFF_START
+    for prior, start in ((0.01, auto.carried_backoff // 2), (None, BACKOFF_START)):
+        plan, stats, choices = auto.plan(prior=prior), Stats(), []
+        while len(_target_alone_runs(choices)) < 2:  # wrong drafts: a run, a probe, another run
+            choices.append(g := plan.next(stats, None))
+            if g:
+                _round(stats, g, 0)
+        first_run = _target_alone_runs(choices)[0]
+        assert first_run == start and choices[choices.index(0) + start] >= GAMMA_START  # then a probe
+        assert plan.record()["backoff_start"] == start
+    paid, stats = auto.plan(prior=0.9), Stats()
+    _round(stats, g := paid.next(stats, None), g)
+    paid.book(stats)
+    assert auto.carried_backoff == BACKOFF_START
+
+
 def test_a_batch_drafts_while_its_rows_together_gain():
     """A batch's plan sums its rows' expected tokens, each row's α from its own rounds: a row whose
     drafts are always rejected makes a plan of its own stop drafting, but beside a row whose drafts
