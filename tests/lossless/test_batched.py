@@ -530,3 +530,32 @@ def test_a_row_whose_sampling_fails_leaves_alone_and_the_others_finish():
     again[2].policy.draft_token = broken
     with pytest.raises(RuntimeError, match="probability tensor"):
         pipe.engine().run(again)
+
+
+def test_a_batch_of_one_crops_what_it_rolls_back_and_runs_without_a_mask(monkeypatch):
+    """One row: a rollback crops its last slots, so it keeps no holes and its forwards run without a
+    mask, as a session's do, with the session's logits; once a second row joins, the masked forward
+    takes over and the first row's logits are still its own session's (float64)."""
+    target = hm.tiny("qwen2_5_vl", "target")
+    adapter = hippo.registry.lookup("adapters", "qwen2_5_vl")(target)
+    first, second = fixed_prompts("qwen2_5_vl", target)[:2]
+    masks: list[bool] = []
+    real = hst.step_logits
+    monkeypatch.setattr(
+        hst, "step_logits", lambda *a, **kw: masks.append("attention_mask" in kw) or real(*a, **kw)
+    )
+    cache = hst.BatchedCache([adapter.prefill(adapter.encode(first.inputs), None)])
+    alone = adapter.prefill(adapter.encode(first.inputs), None)
+    L, size = alone.length, cache.size
+    torch.testing.assert_close(
+        cache.forward([[5, 6, 7]])[0], alone.forward(torch.tensor([5, 6, 7])), rtol=0, atol=1e-12
+    )
+    cache.rollback(0, L + 1)
+    alone.rollback(L + 1)
+    assert cache.size == size + 1 and bool(cache.valid.all())
+    torch.testing.assert_close(cache.forward([[8]])[0], alone.forward(torch.tensor([8])), rtol=0, atol=1e-12)
+    assert masks == [False, False]
+    cache.join([adapter.prefill(adapter.encode(second.inputs), None)])
+    got = cache.forward([[9, 4], [3]])
+    torch.testing.assert_close(got[0], alone.forward(torch.tensor([9, 4])), rtol=0, atol=1e-12)
+    assert masks == [False, False, True]
