@@ -7,9 +7,10 @@ the cache's K/V copied once per query head (`repeat_kv`, under a mask) or with `
 torch's CPU flash kernel still walks the cache once per query head. Packing instead gives the kernel
 KVH heads of g·k query rows each (transformers does the same for one masked token, `pack_gqa`):
 the same attention, the cache read once, and wider GEMMs in the kernel. Measured on the long-video
-target (16 query / 8 KV heads of 64, 4 layers; 2-core AMD EPYC, AVX2) after an 8,218-token video
-prompt, a step / a 6-token verification: 34.5 / 57.5 ms through transformers' path, 28-31.5 /
-42-47 ms packed (its logits within 5e-6 of the first, as a k-token verification's already are of a
+target (16 query / 8 KV heads of 64, 4 layers; 2-core AMD EPYC, AVX2, alternated in one process), a
+step / a 6-token verification: 33.8 / 55.9 ms through transformers' path, 28.8 / 45.5 ms packed
+after an 8,218-token video prompt, 58.6 / 106.5 against 46.7 / 82.3 ms after 16,390 tokens, and the
+same after 586 (its logits within 5e-6 of the first, as a k-token verification's already are of a
 one-token step's; the float64 harness, where packing runs too, proves the schedules exact).
 
 `grouped_query_sdpa(device)` turns packing on for the calling thread (CPU only) around hippo's session
@@ -55,6 +56,8 @@ def grouped_query_sdpa(device: torch.device) -> Iterator[None]:
 def install() -> None:
     """Register `packed_sdpa` as transformers' "sdpa" attention function (once per process)."""
     global _STOCK
+    if _STOCK is not None:  # every forward enters here: no lock once installed
+        return
     from transformers import AttentionInterface
 
     with _LOCK:

@@ -15,9 +15,10 @@ the stack, padded to the longest and carried with a per-row validity mask of the
 - a row joins at any time (`join`: its cache is padded and concatenated) and a finished or
   cancelled row leaves at once (`select`: `index_select` on the batch dimension), so a row only
   costs compute while it is live;
-- a batch of one row crops what it rolls back (its last slots) instead, so it has no holes and runs
-  without a mask, as a session does: the narration pair's serial γ = 5 at batch 1 took 1.095x the
-  time of `generate` on the masked path and 0.98x on this one (2-core AMD EPYC, AVX2, 5 alternated
+- slots at the end that no row holds any more (rolled back in every row) are cropped, and a forward
+  whose rows are all full, with every slot valid, runs without a mask, as a session does: so a
+  batch of one row never has holes. The narration pair's serial γ = 5 at batch 1 took 1.095x the
+  time of `generate` with holes and a mask, 0.98x without (2-core AMD EPYC, AVX2, 5 alternated
   repeats).
 
 Ragged rows are padded (as BASS pads), not flattened into one sequence of all rows' tokens (as
@@ -133,10 +134,8 @@ class BatchedCache:
             [fn(n, W) for fn, n in zip(self.positions, self.lengths)], dim=-2
         )  # [P, B, W] | [B, W]
         real = torch.arange(W)[None] < torch.tensor(widths)[:, None]  # [B, W]
-        if B == 1 and bool(self.valid.all()):  # one row, no holes: its own causal mask, as a session's
-            mask = None
-        else:
-            mask = self._mask(real, B, W)
+        # no holes and no dummies: the model's own causal mask, as a session's forward
+        mask = None if bool(real.all()) and bool(self.valid.all()) else self._mask(real, B, W)
         kernels = self.packed.rows(B * W, self.max_rows) if self.packed is not None else nullcontext()
         with kernels, grouped_query_sdpa(self.device):
             logits = step_logits(
@@ -184,8 +183,9 @@ class BatchedCache:
             del self.slots[row][-drop:]
             self.valid[row, gone] = False
             self.lengths[row] = length
-            if self.rows == 1 and gone[0] == self.size - drop:  # one row's last slots: crop them, so
-                self._crop(self.size - drop)  # it keeps no holes and runs without a mask
+            held = self.valid.any(0)  # [S]
+            if not bool(held[-1]):  # trailing slots no row holds: crop them (`_crop`)
+                self._crop(int(held.nonzero().max()) + 1 if bool(held.any()) else 0)
 
     def verify_curve(self, widths: Sequence[int], repeats: int = 2) -> VerifyCurve:
         """t_verify(B, k) of this batch (B = its rows): forwards of k filler tokens in every row, each
