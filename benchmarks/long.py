@@ -8,7 +8,9 @@ costs about 1/10 of the target in weights, KV bytes per token and prefill FLOPs,
 for a 72B target; their outputs are the trained models'.
 
 For each N (visual tokens) one held-out clip is answered by every row, warm (each pipeline ran once
-on the smallest clip first), rows alternating in one process:
+on the smallest clip first), the rows one after another in one process, the target alone both first
+and last: every speedup is over the mean of its two runs, so a machine whose speed drifts during the
+rows favours no row for its place, and the report gives the drift (last over first) per N:
 
 - `target_alone` (hippo's `autoregressive`) and `hf_generate` (transformers' `generate`);
 - `serial` with each selector: `full`, `uniform`, `attention` (top-k of the target's prompt
@@ -19,7 +21,8 @@ on the smallest clip first), rows alternating in one process:
 
 Two workloads: `one_question` (cold: the target's prefill and one answer, `generate`) and
 `four_questions` (`prepare` once, then four answers with `ask`; the headline long-video workload,
-since on a CPU the prefill dominates one cold answer). Every output is compared with HF `generate`'s.
+since on a CPU the prefill dominates one cold answer; HF `generate` has no prepared video, so its four
+are four cold questions, left out of `--quick`). Every output is compared with HF `generate`'s.
 Per row: MAT, needle recall (the share of needle tokens the draft kept), the draft's cost per token
 over the target's, TTFT and prefill share, end-to-end and decode-phase speedups over `target_alone`,
 peak resident memory, and whether the output is identical. Per N: the target's decode step and its
@@ -321,22 +324,37 @@ def run(
     try:
         for n in sweep:
             c = clips[n]
+            t_n = time.perf_counter()
             log(f"N = {c.tokens} visual tokens ({c.needles.numel()} needle tokens)")
             per_n[c.tokens] = step_costs(target, draft, c, gamma, bandwidth)
-            results = {}
-            for row in table:
+            results: dict[str, Any] = {}
+            # the target alone runs first and again last: every row's speedup is over the mean of the
+            # two, so a machine that speeds up or slows down during the rows biases no row by its place
+            for row in [*table, table[0]]:
                 pipe = pipes[row.name]
                 if pipe is not None and row.selector == "oracle":  # the oracle knows this clip's needles
                     pipe.close()
                     pipe = pipes[row.name] = pipeline(row, target, draft, c, gamma)
-                if n == min(sweep) or row.selector == "oracle":  # warm-up
+                again = row.name in results
+                if (n == min(sweep) and not again) or row.selector == "oracle":  # warm-up
                     one_question(row, pipe, target, c, {**gen, "max_new_tokens": 4})
-                results[row.name] = (
+                # HF generate has no prepared video: its four questions are four cold ones (left out
+                # of --quick, where they would take 1.5 min at 8k)
+                skip_four = quick and row.method == "hf_generate"
+                measured = (
                     one_question(row, pipe, target, c, gen),
-                    four_questions(pipe, target, c, gen),
+                    None if skip_four else four_questions(pipe, target, c, gen),
                 )
-                one = results[row.name][0]
-                log(f"  {row.name}: {one['seconds']:.2f}s, MAT {one['stats'].get('mat', 1.0):.2f}")
+                results[row.name] = (results[row.name], measured) if again else measured
+                one = measured[0]
+                log(
+                    f"  {row.name}{' (again)' if again else ''}: {one['seconds']:.2f}s, MAT {one['stats'].get('mat', 1.0):.2f}"
+                )
+            results["target_alone"], drift = bracket(*results["target_alone"])
+            per_n[c.tokens]["target_alone_drift"] = drift
+            log(
+                f"  the target alone, last over first: {drift[0]:.3f} / {drift[1]:.3f} (one / four questions); N done in {time.perf_counter() - t_n:.0f} s"
+            )
             out_rows += _rows_at(c, table, results, per_n[c.tokens])
     finally:
         for pipe in pipes.values():
@@ -345,6 +363,23 @@ def run(
     summary = {"rows": out_rows, "steps": per_n, "bandwidth_bytes_per_s": bandwidth, "gamma": gamma}
     summary["claims"] = claims(summary, target, tok, clips[max(sweep)], log)
     return summary
+
+
+def bracket(
+    first: tuple[dict, dict], last: tuple[dict, dict]
+) -> tuple[tuple[dict, dict], tuple[float, float]]:
+    """The target alone's two measurements (one and four questions, run before and after the other
+    rows) as one, its times the mean of the two; and the drift, last over first (one, four)."""
+    merged = []
+    for a, b in zip(first, last, strict=True):
+        mean = {
+            k: (a[k] + b[k]) / 2 for k in ("seconds", "decode_seconds", "ttft", "prepare_seconds") if k in a
+        }
+        merged.append({**a, **mean})
+    return (merged[0], merged[1]), (
+        last[0]["seconds"] / first[0]["seconds"],
+        last[1]["seconds"] / first[1]["seconds"],
+    )
 
 
 def _rows_at(c: Clip, table: list[Row], results: dict, step: dict) -> list[dict]:
@@ -360,8 +395,12 @@ def _rows_at(c: Clip, table: list[Row], results: dict, step: dict) -> list[dict]
         )
         drafted = sum(st.get("drafted_per_round", []))
         draft_step = st.get("seconds_draft_decode", 0.0) / drafted if drafted else None
-        identical = one["seq"] == ref[0]["seq"] and all(s == ref[0]["seq"] for s in four["seqs"])
+        identical = one["seq"] == ref[0]["seq"] and all(
+            s == ref[0]["seq"] for s in (four or {}).get("seqs", [])
+        )
         for workload, w, base in (("one_question", one, base_one), ("four_questions", four, base_four)):
+            if w is None:  # not run (HF generate's four cold questions in --quick)
+                continue
             mat = st.get("mat", 1.0) if workload == "one_question" else four["mat"]
             out.append(
                 {
@@ -628,11 +667,21 @@ def markdown(summary: dict) -> str:
     lines = [LONG_HEADING, ""]
     lines += [
         f"Read bandwidth {summary['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; γ = {summary['gamma']}. Target step and "
-        "(γ+1)-token verification against their bytes bound (weights + KV at that bandwidth):",
+        "(γ+1)-token verification against their bytes bound (weights + KV at that bandwidth); the target "
+        "alone's drift is its last run's time over its first's (one question / four), around the other rows:",
         "",
     ]
     lines += markdown_table(
-        ["N", "target prefill s", "t_decode ms", "× bound", "t_verify ms", "× bound", "KV MiB"],
+        [
+            "N",
+            "target prefill s",
+            "t_decode ms",
+            "× bound",
+            "t_verify ms",
+            "× bound",
+            "KV MiB",
+            "target alone drift",
+        ],
         [
             [
                 n,
@@ -642,6 +691,7 @@ def markdown(summary: dict) -> str:
                 _f(s["t_verify"] * 1e3, ".1f"),
                 _f(s["verify_over_bound"]),
                 _f(s["kv_bytes"] / MiB, ".1f"),
+                " / ".join(_f(d, ".3f") for d in s.get("target_alone_drift", ())),
             ]
             for n, s in summary["steps"].items()
         ],
