@@ -330,7 +330,9 @@ def run(
             results: dict[str, Any] = {}
             # the target alone runs first and again last: every row's speedup is over the mean of the
             # two, so a machine that speeds up or slows down during the rows biases no row by its place
-            for row in [*table, table[0]]:
+            baseline = Row("target_alone")
+            assert table[0] == baseline
+            for row in [*table, baseline]:
                 pipe = pipes[row.name]
                 if pipe is not None and row.selector == "oracle":  # the oracle knows this clip's needles
                     pipe.close()
@@ -345,16 +347,18 @@ def run(
                     one_question(row, pipe, target, c, gen),
                     None if skip_four else four_questions(pipe, target, c, gen),
                 )
-                results[row.name] = (results[row.name], measured) if again else measured
                 one = measured[0]
                 log(
                     f"  {row.name}{' (again)' if again else ''}: {one['seconds']:.2f}s, MAT {one['stats'].get('mat', 1.0):.2f}"
                 )
-            results["target_alone"], drift = bracket(*results["target_alone"])
-            per_n[c.tokens]["target_alone_drift"] = drift
-            log(
-                f"  the target alone, last over first: {drift[0]:.3f} / {drift[1]:.3f} (one / four questions); N done in {time.perf_counter() - t_n:.0f} s"
-            )
+                if not again:
+                    results[row.name] = measured
+                    continue
+                results[row.name], drift = bracket(results[row.name], measured)
+                per_n[c.tokens]["target_alone_drift"] = drift
+                log(
+                    f"  the target alone, last over first: {drift[0]:.3f} / {drift[1]:.3f} (one / four questions); N done in {time.perf_counter() - t_n:.0f} s"
+                )
             out_rows += _rows_at(c, table, results, per_n[c.tokens])
     finally:
         for pipe in pipes.values():

@@ -135,7 +135,7 @@ class BatchedCache:
         )  # [P, B, W] | [B, W]
         real = torch.arange(W)[None] < torch.tensor(widths)[:, None]  # [B, W]
         # no holes and no dummies: the model's own causal mask, as a session's forward
-        mask = None if bool(real.all()) and bool(self.valid.all()) else self._mask(real, B, W)
+        mask = None if min(widths) == W and bool(self.valid.all()) else self._mask(B, W)
         kernels = self.packed.rows(B * W, self.max_rows) if self.packed is not None else nullcontext()
         with kernels, grouped_query_sdpa(self.device):
             logits = step_logits(
@@ -157,8 +157,9 @@ class BatchedCache:
         self.tokens_forwarded += W  # per row: t_verify(B, k) is of k tokens a row
         return logits
 
-    def _mask(self, real: torch.Tensor, B: int, W: int) -> torch.Tensor:  # real [B, W] -> [B, 1, W, S + W]
-        """The additive mask of a forward: each row's valid slots, causal inside the new block."""
+    def _mask(self, B: int, W: int) -> torch.Tensor:  # -> [B, 1, W, S + W]
+        """The additive mask of a forward: each row's valid slots, causal inside the new block (a row's
+        dummies come after its real tokens, so the causal part hides them)."""
         S = self.size
         allowed = torch.cat(
             [
