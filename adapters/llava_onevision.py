@@ -20,6 +20,8 @@ renumbering shrinks the distances between the text and the kept frame tokens.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
@@ -183,6 +185,27 @@ class LlavaOnevisionAdapter(AttentionReadout, Adapter):
             if self.positions == "compact":
                 positions = torch.arange(embeds.shape[0], device=embeds.device)[None]
         cache = slab_cache(self.model.config)
+        logits = self._prefill_logits(embeds, positions, cache)
+        return self._session(L, int(positions[0, -1]) + 1, cache, logits)
+
+    def prefill_pieces(
+        self, encoded: Encoded, rows: int, around: Callable[[int, int], AbstractContextManager]
+    ) -> Iterator[KVSession | None]:
+        """The full prompt's prefill in pieces of `rows` rows (see `Adapter.prefill_pieces`)."""
+        L = encoded.length
+        cache = slab_cache(self.model.config)
+        for start in range(0, L, rows):
+            end = min(start + rows, L)
+            with around(start, end), torch.inference_mode():
+                logits = self._prefill_logits(
+                    encoded.embeds[start:end], encoded.positions[:, start:end], cache
+                )
+            if end < L:
+                yield None
+        yield self._session(L, int(encoded.positions[0, -1]) + 1, cache, logits)
+
+    def _prefill_logits(self, embeds: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        """The logits [V] after a forward of `embeds` [L', D] at `positions` [1, L'] on `cache`."""
         out = self.model(
             inputs_embeds=embeds[None],
             position_ids=positions,
@@ -190,14 +213,15 @@ class LlavaOnevisionAdapter(AttentionReadout, Adapter):
             use_cache=True,
             logits_to_keep=1,
         )
-        delta = int(positions[0, -1]) + 1 - L
+        return out.logits[0, -1]
+
+    def _session(self, L: int, next_position: int, cache: Any, logits: torch.Tensor) -> KVSession:
+        delta = next_position - L
 
         def decode_positions(start: int, k: int) -> torch.Tensor:  # -> [1, k]
             return (torch.arange(start, start + k) + delta)[None]
 
-        return KVSession(
-            self.model, cache, out.logits[0, -1], L, L, decode_positions, direct=self.direct_steps
-        )
+        return KVSession(self.model, cache, logits, L, L, decode_positions, direct=self.direct_steps)
 
 
 hippo_register_adapters, hippo_resolve_adapter = adapter_hooks(LlavaOnevisionAdapter)

@@ -10,6 +10,8 @@ never read: the target and the draft may be the very same object (self-speculati
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
@@ -330,9 +332,32 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
 
     @torch.inference_mode()
     def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> KVSession:
+        cache = slab_cache(self.model.config)
+        return self._session(
+            encoded, cache, self._prefill_logits(encoded, self.keep_mask(encoded, keep), cache)
+        )
+
+    def prefill_pieces(
+        self, encoded: Encoded, rows: int, around: Callable[[int, int], AbstractContextManager]
+    ) -> Iterator[KVSession | None]:
+        """The full prompt's prefill in pieces of `rows` rows (see `Adapter.prefill_pieces`): each piece
+        is the rows [start, end) of the prompt, at their own positions, on the cache of the pieces before."""
         L = encoded.length
         cache = slab_cache(self.model.config)
-        logits = self._prefill_logits(encoded, self.keep_mask(encoded, keep), cache)
+        for start in range(0, L, rows):
+            end = min(start + rows, L)
+            piece = None  # [L] bool: the piece's rows (None: all)
+            if end - start < L:
+                piece = torch.zeros(L, dtype=torch.bool, device=encoded.embeds.device)
+                piece[start:end] = True
+            with around(start, end), torch.inference_mode():
+                logits = self._prefill_logits(encoded, piece, cache)
+            if end < L:
+                yield None
+        yield self._session(encoded, cache, logits)
+
+    def _session(self, encoded: Encoded, cache: Any, logits: torch.Tensor) -> KVSession:  # logits [V]
+        L = encoded.length
         delta = encoded.next_position - L
 
         def decode_positions(start: int, k: int) -> torch.Tensor:  # -> [3, 1, k]

@@ -77,8 +77,10 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
         if "video" in encoded.extras:
             keep = None if mask is None else mask[encoded.visual.seq_index].nonzero().flatten()
             mm["video"] = _prune(encoded.extras["video"], keep)
-        if "image" in encoded.extras:  # images are never pruned
-            mm["image"] = encoded.extras["image"]
+        if "image" in encoded.extras:  # never pruned, but a prefill piece holds only some of them
+            rows = (encoded.input_ids == self.model.config.image_token_id).nonzero().flatten()  # [I]
+            keep = None if mask is None else mask[rows].nonzero().flatten()
+            mm["image"] = _prune(encoded.extras["image"], keep)
         return {"input_ids": ids[None], "mm_encoder_outputs": mm or None}
 
 

@@ -644,6 +644,15 @@ def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         help="requests waiting before a 429 (default: %(default)s)",
     )
     o.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=512,
+        metavar="TOKENS",
+        help="while requests are decoding, a new video's prefill runs in pieces of this many tokens, "
+        "one between two decoding rounds, so the live requests wait for a piece, not the whole video; "
+        "0: in one piece (default: %(default)s)",
+    )
+    o.add_argument(
         "--media-dir", required=True, metavar="DIR", help="the only directory videos are read from"
     )
     o.add_argument(

@@ -29,7 +29,7 @@ import torch
 
 from hippo.conversation import Conversation
 from hippo.errors import InputError, MemoryBudgetError
-from hippo.interfaces import Adapter, Encoded, Scorer, prefilling
+from hippo.interfaces import Adapter, Encoded, Scorer, observes_pieces, prefilling
 from hippo.kvcache import fit_cache, fork_cache
 from hippo.session import KVSession
 
@@ -280,14 +280,19 @@ def _memory_errors(what: str) -> Iterator[None]:
         ) from exc
 
 
-def build_context(
+def context_steps(
     pipe: Pipeline,
     inputs: dict[str, Any],
     *,
     tokenizer: Any = None,
     stage: Callable[[str], Any] | None = None,
-) -> VideoContext:
-    """Encode and prefill the shared prefix of `inputs` for `pipe` (see `Pipeline.prepare`)."""
+    prefill_rows: int | None = None,  # rows per piece of the target's prefill (None: one piece)
+) -> Iterator[VideoContext | None]:
+    """Encode and prefill the shared prefix of `inputs` for `pipe` (see `Pipeline.prepare_steps`), in
+    steps: yields None after the vision encoding and after each piece of the target's prefill but
+    the last, then the context. Between two steps the pipeline's models may run other work (`hippo
+    serve` decodes its live requests there). The prefill runs in one piece when the adapter or the
+    scorer cannot split it (`Adapter.prefill_pieces`, `observes_pieces`)."""
     adapter = pipe.target_adapter
     P = adapter.shared_prefix_length(inputs["input_ids"][0])
     if P == 0:
@@ -296,17 +301,36 @@ def build_context(
     stage = stage or (lambda name: nullcontext())
     prefix = truncate_inputs(inputs, P)
     scorer: Scorer | None = pipe.scorer
-    with _memory_errors("preparing the video context"):
-        with stage("vision encoding"):
-            encoded = adapter.encode(prefix)
-        vis = encoded.visual.seq_index
-        if vis.numel() and int(vis.max()) >= P:
-            raise InputError(f"visual tokens run past the shared prefix ({int(vis.max())} >= {P})")
-        observe = scorer.observe_target_prefill(adapter, encoded) if scorer is not None else nullcontext()
-        with observe, stage("target prefill"), prefilling(pipe.sessions["target"], adapter.model):
-            session = adapter.prefill(encoded, keep=None)
-    capture = scorer.observed() if scorer is not None else None
-    return VideoContext(pipe, prefix, encoded, session, capture, tokenizer)
+    with _memory_errors("preparing the video context"), stage("vision encoding"):
+        encoded = adapter.encode(prefix)
+    vis = encoded.visual.seq_index
+    if vis.numel() and int(vis.max()) >= P:
+        raise InputError(f"visual tokens run past the shared prefix ({int(vis.max())} >= {P})")
+    rows = prefill_rows if prefill_rows is not None and observes_pieces(scorer) else P
+    capture = None
+
+    @contextmanager
+    def piece(start: int, end: int) -> Iterator[None]:  # one forward of the prefix's rows start..end-1
+        nonlocal capture
+        if scorer is None:
+            observe = nullcontext()
+        elif (start, end) == (0, P):
+            observe = scorer.observe_target_prefill(adapter, encoded)
+        else:
+            observe = scorer.observe_target_piece(adapter, encoded, start, end, capture)
+        with _memory_errors("preparing the video context"), observe:
+            with prefilling(pipe.sessions["target"], adapter.model):
+                yield
+        if scorer is not None:
+            capture = scorer.observed()
+
+    if rows < P:
+        yield None
+    with stage("target prefill"):
+        for session in adapter.prefill_pieces(encoded, max(rows, 1), piece):
+            if session is None:
+                yield None
+    yield VideoContext(pipe, prefix, encoded, session, capture, tokenizer)
 
 
 def check_budget(pipe: Pipeline, estimate: int, prefix_length: int, kind: str = "a video context") -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -198,6 +198,24 @@ class Scorer(Component):
             "context's extension; use Pipeline.generate, or a scorer that implements "
             "observe_target_extension"
         )
+
+    def observe_target_piece(
+        self, adapter: Adapter, encoded: Encoded, start: int, end: int, prior: Any
+    ) -> AbstractContextManager:
+        """Like `observe_target_extension`, around a forward of only the rows start..end-1: one piece
+        of a prefill in pieces (`Adapter.prefill_pieces`). `prior` is what `observed()` returned
+        after the piece before (None for the first). A scorer that reads the target's prefill and
+        does not override this gets the prefill in one piece (`observes_pieces`)."""
+        if type(self).observe_target_prefill is Scorer.observe_target_prefill:
+            return nullcontext()
+        raise UnsupportedError(f"scorer {type(self).__name__} cannot observe a prefill in pieces")
+
+
+def observes_pieces(scorer: Scorer | None) -> bool:
+    """Whether the target's prefill may run in pieces under `scorer` (see `Scorer.observe_target_piece`)."""
+    if scorer is None or type(scorer).observe_target_prefill is Scorer.observe_target_prefill:
+        return True
+    return type(scorer).observe_target_piece is not Scorer.observe_target_piece
 
 
 class Selector(Component):
@@ -491,6 +509,18 @@ class Adapter(ABC):
     @abstractmethod
     def prefill(self, encoded: Encoded, keep: torch.Tensor | None) -> ModelSession:
         """Prefill on the full prompt (keep=None) or with only the kept visual tokens (keep [K])."""
+
+    def prefill_pieces(
+        self, encoded: Encoded, rows: int, around: Callable[[int, int], AbstractContextManager]
+    ) -> Iterator[ModelSession | None]:
+        """`prefill(encoded, None)` as forwards of the prompt rows 0..rows-1, rows..2·rows-1, ...:
+        each runs inside `around(start, end)`; yields None after each piece but the last, then the
+        session. Between two pieces the model may run other forwards (`hippo serve` decodes its live
+        requests there). This default runs one piece, `around(0, L)`; adapters whose model takes its
+        prefill in pieces override it."""
+        with around(0, encoded.length):
+            session = self.prefill(encoded, None)
+        yield session
 
 
 def _options(cls: type, self: Any, args: tuple, kwargs: dict) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import attrs
 import torch
 from transformers import GenerationConfig
 
-from hippo.context import Turn, VideoContext, build_context, check_budget, estimate_bytes
+from hippo.context import Turn, VideoContext, check_budget, context_steps, estimate_bytes
 from hippo.conversation import Conversation, Question, as_ids, text_question_ids
 from hippo.engine import Engine, can_batch, row_sessions
 from hippo.errors import ConfigError, InputError
@@ -386,6 +386,35 @@ class Pipeline:
         (`video_inputs` options; text questions then use `tokenizer`, default the checkpoint's).
         Raises MemoryBudgetError when the context would exceed `context_budget` or free memory.
         """
+        options = dict(tokenizer=tokenizer, frames=frames, fps=fps, max_pixels=max_pixels, progress=progress)
+        *_, ctx = self.prepare_steps(source, **options)  # the steps run back to back
+        return ctx
+
+    def prepare_steps(
+        self,
+        source: dict[str, Any] | str | PathLike,
+        *,
+        prefill_rows: int | None = None,
+        tokenizer: Any = None,
+        frames: int | None = None,
+        fps: float | None = None,
+        max_pixels: int | None = None,
+        progress: Callable[..., None] | None = None,
+    ) -> Iterator[VideoContext | None]:
+        """`prepare` in steps, for a caller that runs other work between them (`hippo serve` decodes
+        its live requests): yields None after reading the video, after encoding it and after each
+        piece of at most `prefill_rows` prompt rows of the target's prefill but the last (None: the
+        prefill in one piece), then the context. Close the generator to abandon the context."""
+        if prefill_rows is not None and (type(prefill_rows) is not int or prefill_rows < 1):
+            raise ConfigError(
+                f"prefill_rows must be a positive int (rows per prefill piece) or None, got {prefill_rows!r}"
+            )
+        video = dict(tokenizer=tokenizer, frames=frames, fps=fps, max_pixels=max_pixels, progress=progress)
+        return self._prepare_steps(source, prefill_rows, **video)
+
+    def _prepare_steps(
+        self, source: Any, prefill_rows: int | None, *, tokenizer: Any, progress: Any, **video: Any
+    ) -> Iterator[VideoContext | None]:
         if isinstance(source, str | PathLike):
             if tokenizer is None:
                 tokenizer = self._checkpoint_tokenizer()
@@ -393,15 +422,18 @@ class Pipeline:
                 source,
                 "?",  # cut off: only the prefix up to the end of the video is kept
                 tokenizer=tokenizer,
-                frames=frames,
-                fps=fps,
-                max_pixels=max_pixels,
                 progress=progress,
+                **video,
             )
+            if prefill_rows is not None:
+                yield None
         self._check_inputs(source)
-        ctx = build_context(self, source, tokenizer=tokenizer, stage=self._stage(progress))
+        stage = self._stage(progress)
+        for ctx in context_steps(self, source, tokenizer=tokenizer, stage=stage, prefill_rows=prefill_rows):
+            if ctx is None:
+                yield None
         self._contexts.add(ctx)
-        return ctx
+        yield ctx
 
     def ask(self, ctx: VideoContext, question: Question, **generation_kwargs: Any) -> GenerateOutput:
         """Answer one question about a prepared video; returns what `generate` returns on the whole

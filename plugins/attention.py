@@ -215,15 +215,28 @@ class AttentionScorer(Scorer):
     ) -> contextlib.AbstractContextManager:
         """Capture the query rows start..L-1 from a forward of those rows only; the rows before
         `start` (a video context's cached prefix) come from `prior`, its prefill's capture."""
-        return self._observe(adapter, encoded, start, prior)
+        return self._observe(adapter, encoded, start, encoded.length, prior)
+
+    def observe_target_piece(
+        self, adapter: Adapter, encoded: Encoded, start: int, end: int, prior: Any
+    ) -> contextlib.AbstractContextManager:
+        """Capture the query rows start..end-1 from a forward of those rows only (one piece of a
+        prefill in pieces); the rows before `start` come from `prior`, the pieces before."""
+        return self._observe(adapter, encoded, start, end, prior)
 
     @contextlib.contextmanager
     def _observe(
-        self, adapter: Adapter, encoded: Encoded, start: int = 0, prior: _Capture | None = None
+        self,
+        adapter: Adapter,
+        encoded: Encoded,
+        start: int = 0,
+        end: int | None = None,
+        prior: _Capture | None = None,
     ) -> Iterator[None]:
         modules = self._modules(adapter)
         layers = self._layers(len(modules))
         rows = query_rows(encoded, self.config.queries)
+        end = encoded.length if end is None else end
         old = rows[rows < start]
         if start and (
             prior is None
@@ -235,9 +248,9 @@ class AttentionScorer(Scorer):
                 "the attention scorer has no usable capture of the video context's prefix (it was prepared "
                 "with another scorer configuration); prepare the context with this pipeline"
             )
-        cap = _Capture(encoded=weakref.ref(encoded), rows=rows, layers=layers)
-        L = encoded.length - start  # the forward sees rows start..L-1 only
-        new_rows = rows[rows >= start] - start  # [T_new] rows of this forward
+        cap = _Capture(encoded=weakref.ref(encoded), rows=rows[rows < end], layers=layers)
+        L = end - start  # the forward sees rows start..end-1 only
+        new_rows = rows[(rows >= start) & (rows < end)] - start  # [T_new] rows of this forward
 
         def make_hook(layer: int):
             def hook(module, args, kwargs):  # forward pre-hook: reads, never modifies
@@ -248,8 +261,8 @@ class AttentionScorer(Scorer):
                     return None
                 if hidden.shape[-2] != L:
                     cap.problems.append(
-                        f"layer {layer}: saw {hidden.shape[-2]} positions, expected the whole prompt ({L}); "
-                        "a prefill in pieces is not supported"
+                        f"layer {layer}: saw {hidden.shape[-2]} positions, expected the rows {start}..{end - 1} "
+                        f"({L}); the forward did not match the piece observed"
                     )
                     return None
                 with torch.no_grad():
@@ -269,7 +282,7 @@ class AttentionScorer(Scorer):
         finally:
             for h in handles:
                 h.remove()
-        if start and start == encoded.length:  # nothing after the prefix: no forward ran
+        if start and start == end:  # nothing after the prefix: no forward ran
             cap.hidden, cap.cos_sin = dict(prior.hidden), dict(prior.cos_sin)
         self._capture = cap
 

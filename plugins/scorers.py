@@ -306,6 +306,11 @@ class HolisticScorer(Scorer):
             return self.parts["attention"].observe_target_extension(adapter, encoded, start, prior)
         return contextlib.nullcontext()
 
+    def observe_target_piece(self, adapter: Adapter, encoded: Encoded, start: int, end: int, prior: Any):
+        if "attention" in self.parts:
+            return self.parts["attention"].observe_target_piece(adapter, encoded, start, end, prior)
+        return contextlib.nullcontext()
+
     def component_scores(self, visual: VisualTokens, context: ScoringContext) -> dict[str, torch.Tensor]:
         """Each component's raw score [N], before normalisation."""
         return {name: part.score(visual, context) for name, part in self.parts.items()}

@@ -74,6 +74,8 @@ def launch(env: dict, port: int, *extra: str, deadline: float = 120) -> tuple[su
         MODEL,
         "--drain",
         "20",
+        "--prefill-chunk",  # a new video's prefill in pieces: the equality tests cover them
+        "8",
         *extra,
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -432,6 +434,50 @@ def test_new_videos_are_prepared_one_per_round_while_rows_are_live(files):
     steps = [b[1] - a[1] for a, b in zip(seen, seen[1:])]
     assert service.contexts.misses == 4 and service.contexts.hits == 1
     assert max(steps) == 1 and sum(steps) == 3, seen  # the three new videos, one per round
+
+
+def test_a_new_videos_prefill_runs_in_pieces_between_rounds(files):
+    """In process: while a row decodes, a new video's preparation advances one step per round (the
+    video read, encoded, then one prefill piece of `prefill_rows` rows), so the live row waits for
+    one step at a time; the new request starts once it is prepared, and both answers equal those of
+    a service that prefills in one piece."""
+    from tiny_checkpoint import tiny_tokenizer
+
+    from hippo.service import Request, Service
+
+    pipe = (
+        hippo.PipelineBuilder().target(str(files["target"]), dtype=torch.float64).scheduler("autoregressive")
+    )
+    options = {"frames": 4, "max_pixels": MAX_PIXELS}
+    first = Request(
+        str(files["short"]), [("what happens ?", None)], options, {"max_new_tokens": 60, "min_new_tokens": 60}
+    )
+    second = Request(str(files["long"]), [("describe it .", None)], options, {"max_new_tokens": 6})
+    answers = {}
+    for rows in (5, None):
+        seen = []  # (videos in preparation, steps the live rows waited for) after each round
+        service = Service(
+            pipe.build(),
+            tiny_tokenizer(),
+            prefill_rows=rows,
+            on_round=lambda s, seen=seen: seen.append((len(s.preparing), len(s.stall_seconds))),
+        )
+        try:
+            a = service.submit(first)
+            assert a.events.get(timeout=60)[0] == "started"
+            b = service.submit(second)
+            answers[rows] = [_answer(t)[1]["token_ids"] for t in (a, b)]
+            prefix = list(service.contexts.entries.values())[-1].length  # the new video's
+        finally:
+            service.close(0)
+        during = [waits for busy, waits in seen if busy]
+        if rows is not None:
+            pieces = -(-prefix // rows)
+            assert len(during) == 2 + pieces - 1, seen  # after reading, encoding, and between pieces
+            assert during == list(range(during[0], during[0] + len(during))), seen  # one step per round
+        else:
+            assert not during, seen  # in one step between two rounds
+    assert answers[5] == answers[None]
 
 
 def test_the_service_fails_a_prompt_longer_than_the_context_alone_and_bounds_its_video_cache(tmp_path):

@@ -12,10 +12,12 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hippo
 from hippo.context import Turn
-from hippo.errors import InputError, MemoryBudgetError
+from hippo.errors import ConfigError, InputError, MemoryBudgetError
 from hippo.interfaces import ScoringContext
 from hippo.testing import models as hm
 from hippo.testing import params as hp
@@ -251,3 +253,40 @@ def test_a_prompt_over_the_budget_is_refused_before_any_work(monkeypatch):
     pipe.context_budget = None
     assert pipe.generate(p.inputs, max_new_tokens=2).sequences.shape[1] == p.length + 2
     pipe.close()
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@settings(max_examples=3, deadline=None)
+@given(rows=st.integers(1, 12))
+def test_a_prefill_in_pieces_is_the_prefill(adapter, rows):
+    """`prepare_steps` with `prefill_rows`: the target's prefill runs in pieces of `rows` rows, with
+    another question's forward on the same model between two pieces (as `hippo serve` decodes its
+    live rows there). The context's KV, its logits, the attention scorer's capture and an answer from
+    it equal those of a prefill in one piece (float64)."""
+    pipe, p = pipeline(adapter), prompt(adapter)
+    whole = pipe.prepare(p.inputs)
+    other = Turn(pipe.prepare(p.inputs), torch.tensor(hm.text_ids(hm.tiny(adapter))[:3]))
+    steps = pipe.prepare_steps(p.inputs, prefill_rows=rows)
+    pauses = 0
+    for ctx in steps:
+        if ctx is None:
+            pauses += 1
+            other.prefill_target(pipe.scorer).close()  # the scorer observes another forward here
+    assert pauses == 1 + -(-whole.length // rows) - 1  # after encoding, then between the pieces
+    torch.testing.assert_close(ctx.prefix_logits, whole.prefix_logits, rtol=0, atol=1e-10)
+    for a, b in zip(ctx.cache.layers, whole.cache.layers, strict=True):
+        torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=1e-10)
+        torch.testing.assert_close(a.values, b.values, rtol=0, atol=1e-10)
+    ours, theirs = ctx.capture, whole.capture
+    assert torch.equal(ours.rows, theirs.rows) and ours.hidden.keys() == theirs.hidden.keys()
+    for layer in theirs.hidden:
+        torch.testing.assert_close(ours.hidden[layer], theirs.hidden[layer], rtol=0, atol=1e-10)
+    question = hm.text_ids(hm.tiny(adapter))[4:7]
+    a, b = (pipe.ask(c, question, max_new_tokens=4, do_sample=False) for c in (ctx, whole))
+    assert a.sequences.tolist() == b.sequences.tolist()
+    assert a.kept_visual_index.tolist() == b.kept_visual_index.tolist()
+
+
+def test_prefill_rows_must_be_positive():
+    with pytest.raises(ConfigError, match="prefill_rows"):
+        pipeline("qwen2_5_vl").prepare_steps(prompt("qwen2_5_vl").inputs, prefill_rows=0)
