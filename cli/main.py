@@ -611,6 +611,8 @@ def _ray_group(parser: Any, title: str, unit: str, where: str) -> Any:
 
 
 def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
+    from hippo.service import PREFILL_ROWS
+
     s = sub.add_parser(
         "serve",
         parents=[debug],
@@ -646,7 +648,7 @@ def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     o.add_argument(
         "--prefill-chunk",
         type=int,
-        default=512,
+        default=PREFILL_ROWS,
         metavar="TOKENS",
         help="while requests are decoding, a new video's prefill runs in pieces of this many tokens, "
         "one between two decoding rounds, so the live requests wait for a piece, not the whole video; "

@@ -52,7 +52,7 @@ from hippo.errors import HippoError, InputError, MemoryBudgetError, one_line
 VIDEO_OPTIONS = ("frames", "fps", "max_pixels")
 
 #: prompt rows per piece of a new video's prefill while rows are live (`Service(prefill_rows=)`)
-PREFILL_ROWS = 512
+PREFILL_ROWS = 256
 
 
 class Overloaded(HippoError):
