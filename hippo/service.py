@@ -5,8 +5,9 @@ One thread (the loop) owns the models: it admits queued requests while the batch
 (`max_batch`), prefills each on the pipeline's video context for its video, steps the engine
 (`hippo.engine.Engine`) one round at a time, and delivers every row's new tokens to its `Ticket`.
 A new video's preparation (read, encoded and prefilled once: the long prefill) is interleaved with
-the rounds: while rows are live, it advances by one step between two rounds (reading the video,
-encoding it, or one piece of at most `prefill_rows` prompt rows of the target's prefill,
+the rounds: the file is read and laid out on a media thread while the rounds go on (no model runs
+there), then, while rows are live, the preparation advances by one step between two rounds (the
+encoding, or one piece of at most `prefill_rows` prompt rows of the target's prefill,
 `Pipeline.prepare_steps`), so the live rows wait for one piece, not for the whole prefill; with no
 live row, nobody waits, and it runs to the end at once. At most `prepares_per_round` videos are in
 preparation while rows are live (default 1); requests about a prepared video (a question's few
@@ -34,6 +35,7 @@ Other threads only submit, cancel and read tickets.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import hashlib
 import os
 import queue
@@ -139,9 +141,11 @@ def _first_stop(text: str, stops: Sequence[str], start: int) -> int | None:
 
 @attrs.define
 class _Preparation:
-    """A video's context being prepared in steps (`ContextCache.prepare`), and the requests about it."""
+    """A video's context being prepared, and the requests about it: the file read on the media thread
+    (`reading`), then the steps of its encoding and prefill (`ContextCache.prepare`)."""
 
-    steps: Iterator[Any]
+    reading: concurrent.futures.Future
+    steps: Iterator[Any] | None = None
     tickets: list[Ticket] = attrs.Factory(list)
 
 
@@ -174,20 +178,21 @@ class ContextCache:
             self.hits += 1
             self.entries.move_to_end(key)
             return ctx
-        *_, ctx = self.prepare(path, options, key)
+        *_, ctx = self.prepare(path, key, **options)
         return ctx
 
     def prepare(
-        self, path: str, options: dict[str, Any], key: tuple, prefill_rows: int | None = None
+        self, source: Any, key: tuple, prefill_rows: int | None = None, **options: Any
     ) -> Iterator[Any]:
-        """Prepare the context for `key` in steps (`Pipeline.prepare_steps`): yields None between two
-        steps, then the context, cached. A context that would pass the pipeline's budget evicts the
-        least recently used ones first (and the steps start again)."""
+        """Prepare the context for `key` from `source` (a video file and its `options`, or its processor
+        inputs) in steps (`Pipeline.prepare_steps`): yields None between two steps, then the context,
+        cached. A context that would pass the pipeline's budget evicts the least recently used ones
+        first (and the steps start again)."""
         self.misses += 1
         while True:
             try:
                 for ctx in self.pipeline.prepare_steps(
-                    path, prefill_rows=prefill_rows, tokenizer=self.tokenizer, **options
+                    source, prefill_rows=prefill_rows, tokenizer=self.tokenizer, **options
                 ):
                     if ctx is None:
                         yield None
@@ -245,6 +250,7 @@ class Service:
         self.prepares_per_round = prepares_per_round
         self.prefill_rows = prefill_rows
         self.preparing: dict[tuple, _Preparation] = {}  # videos being prepared, by context key
+        self.reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hippo-media")
         self.contexts = ContextCache(pipeline, tokenizer, cache_bytes)
         self.engine = pipeline.engine()
         self.on_round = on_round
@@ -295,6 +301,7 @@ class Service:
             self.pending.clear()
             self.cv.notify()
         self.thread.join()
+        self.reader.shutdown(wait=False, cancel_futures=True)
         self.contexts.clear()
 
     # ---- the loop thread --------------------------------------------------------------------------
@@ -356,8 +363,8 @@ class Service:
             prep = self.preparing.get(ticket.key)
             if prep is None:
                 req = ticket.request
-                steps = self.contexts.prepare(req.video, req.video_options, ticket.key, self.prefill_rows)
-                prep = self.preparing[ticket.key] = _Preparation(steps)
+                reading = self.reader.submit(self._read, req.video, req.video_options)
+                prep = self.preparing[ticket.key] = _Preparation(reading)
             prep.tickets.append(ticket)
             return
         self._start(ticket, None)
@@ -370,11 +377,16 @@ class Service:
                 prep.tickets.remove(ticket)
                 ticket.fail(InputError("cancelled before it started"))
             if not prep.tickets:  # nobody waits for it any more
-                prep.steps.close()
-                del self.preparing[key]
+                self._drop(key)
+                continue
+            if prep.steps is None and not prep.reading.done():
+                if not self.live:  # nothing else to run: wait a little, then look at the queue again
+                    concurrent.futures.wait([prep.reading], timeout=0.05)
                 continue
             t0, waiting = time.perf_counter(), bool(self.live)
             try:
+                if prep.steps is None:
+                    prep.steps = self.contexts.prepare(prep.reading.result(), key, self.prefill_rows)
                 ctx = next(prep.steps) if waiting else collections.deque(prep.steps, maxlen=1)[0]
             except Exception as exc:
                 del self.preparing[key]
@@ -392,12 +404,22 @@ class Service:
                 for ticket in prep.tickets:
                     self._start(ticket, ctx)
 
-    def _abandon_preparations(self) -> None:
-        for prep in self.preparing.values():
+    def _read(self, path: str, options: dict[str, Any]) -> dict[str, Any]:  # on the media thread
+        """The processor inputs of the video file (decoded and laid out): no model runs here, so the
+        live rows' rounds go on meanwhile."""
+        return self.pipeline.video_inputs(path, "?", tokenizer=self.tokenizer, **options)
+
+    def _drop(self, key: tuple) -> None:
+        prep = self.preparing.pop(key)
+        prep.reading.cancel()
+        if prep.steps is not None:
             prep.steps.close()
-            for ticket in prep.tickets:
+
+    def _abandon_preparations(self) -> None:
+        for key in list(self.preparing):
+            for ticket in self.preparing[key].tickets:
                 ticket.fail(InputError("the server shut down before this request was started"))
-        self.preparing.clear()
+            self._drop(key)
 
     def _start(self, ticket: Ticket, ctx: Any) -> None:
         """The ticket's row joins the engine, on `ctx` (None: the cached context of its key)."""

@@ -437,10 +437,10 @@ def test_new_videos_are_prepared_one_per_round_while_rows_are_live(files):
 
 
 def test_a_new_videos_prefill_runs_in_pieces_between_rounds(files):
-    """In process: while a row decodes, a new video's preparation advances one step per round (the
-    video read, encoded, then one prefill piece of `prefill_rows` rows), so the live row waits for
-    one step at a time; the new request starts once it is prepared, and both answers equal those of
-    a service that prefills in one piece."""
+    """In process: while a row decodes, a new video is read on the media thread (the row goes on),
+    then encoded and prefilled one step per round (the encoding, then one prefill piece of
+    `prefill_rows` rows), so the live row waits for one step at a time; the new request starts once
+    its video is prepared, and both answers equal those of a service that prefills in one piece."""
     from tiny_checkpoint import tiny_tokenizer
 
     from hippo.service import Request, Service
@@ -455,7 +455,7 @@ def test_a_new_videos_prefill_runs_in_pieces_between_rounds(files):
     second = Request(str(files["long"]), [("describe it .", None)], options, {"max_new_tokens": 6})
     answers = {}
     for rows in (5, None):
-        seen = []  # (videos in preparation, steps the live rows waited for) after each round
+        seen = []  # (videos in preparation, steps the live row waited for) after each round
         service = Service(
             pipe.build(),
             tiny_tokenizer(),
@@ -468,15 +468,14 @@ def test_a_new_videos_prefill_runs_in_pieces_between_rounds(files):
             b = service.submit(second)
             answers[rows] = [_answer(t)[1]["token_ids"] for t in (a, b)]
             prefix = list(service.contexts.entries.values())[-1].length  # the new video's
+            waits = len(service.stall_seconds)
         finally:
             service.close(0)
-        during = [waits for busy, waits in seen if busy]
-        if rows is not None:
-            pieces = -(-prefix // rows)
-            assert len(during) == 2 + pieces - 1, seen  # after reading, encoding, and between pieces
-            assert during == list(range(during[0], during[0] + len(during))), seen  # one step per round
-        else:
-            assert not during, seen  # in one step between two rounds
+        during = [n for busy, n in seen if busy]  # waits so far, after each round while it was prepared
+        steps = 1 + -(-prefix // rows) if rows else 1  # encoded, then each piece (or all in one)
+        assert waits == steps + 1, (waits, seen)  # and the new request's own question
+        assert all(b - a <= 1 for a, b in zip(during, during[1:])), seen  # one step per round
+        assert len(during) >= steps - 1, seen  # a round between two steps
     assert answers[5] == answers[None]
 
 
@@ -513,8 +512,7 @@ def test_the_service_fails_a_prompt_longer_than_the_context_alone_and_bounds_its
             assert kind == "end", info
             answers.append(info["token_ids"])
             assert len(service.contexts.entries) == 1  # over budget: only the newest is kept
-        assert (
-            answers[2] == answers[0] and service.contexts.misses == 4 and service.contexts.hits == 0
-        )  # the first failed
+        # the first failed as its video was read (its prompt is longer than the context): never prepared
+        assert answers[2] == answers[0] and service.contexts.misses == 3 and service.contexts.hits == 0
     finally:
         service.close(0)
