@@ -13,7 +13,7 @@ live row, nobody waits, and it runs to the end at once. At most `prepares_per_ro
 preparation while rows are live (default 1); requests about a prepared video (a question's few
 tokens) are admitted as the batch has room, and those about a video in preparation start when it
 is ready. `prefills_per_round` caps all admissions per round while rows are live (default: none).
-`stall_seconds` records each step the live rows waited for.
+`stall_seconds` records each step the live rows waited for (the last `STALLS_KEPT`).
 Other threads only submit, cancel and read tickets.
 
 - **Video prefix cache.** A request names a video file and frame options; the first request about a
@@ -55,6 +55,9 @@ VIDEO_OPTIONS = ("frames", "fps", "max_pixels")
 
 #: prompt rows per piece of a new video's prefill while rows are live (`Service(prefill_rows=)`)
 PREFILL_ROWS = 256
+
+#: `Service.stall_seconds` keeps this many of the latest waits (a server runs for days)
+STALLS_KEPT = 10_000
 
 
 class Overloaded(HippoError):
@@ -260,7 +263,8 @@ class Service:
         self.accepting = True
         self._drain_until: float | None = None
         self.rounds = 0
-        self.stall_seconds: list[float] = []  # each step of work between two rounds that live rows waited for
+        # each step of work between two rounds that live rows waited for (the last STALLS_KEPT)
+        self.stall_seconds: collections.deque[float] = collections.deque(maxlen=STALLS_KEPT)
         self.thread = threading.Thread(target=self._loop, name="hippo-engine", daemon=True)
         self.thread.start()
 
