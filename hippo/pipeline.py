@@ -401,8 +401,8 @@ class Pipeline:
         max_pixels: int | None = None,
         progress: Callable[..., None] | None = None,
     ) -> Iterator[VideoContext | None]:
-        """`prepare` in steps, for a caller that runs other work between them (`hippo serve` decodes
-        its live requests): yields None after reading the video, after encoding it and after each
+        """`prepare` in steps, for a caller that runs other work on the models between them (decoding
+        other requests): yields None after reading the video, after encoding it and after each
         piece of at most `prefill_rows` prompt rows of the target's prefill but the last (None: the
         prefill in one piece), then the context. Close the generator to abandon the context."""
         if prefill_rows is not None and (type(prefill_rows) is not int or prefill_rows < 1):
