@@ -402,9 +402,10 @@ class Pipeline:
         progress: Callable[..., None] | None = None,
     ) -> Iterator[VideoContext | None]:
         """`prepare` in steps, for a caller that runs other work on the models between them (decoding
-        other requests): yields None after reading the video, after encoding it and after each
-        piece of at most `prefill_rows` prompt rows of the target's prefill but the last (None: the
-        prefill in one piece), then the context. Close the generator to abandon the context."""
+        other requests): with `prefill_rows`, yields None after reading the video, after encoding it
+        and after each piece of at most `prefill_rows` prompt rows of the target's prefill but the
+        last, then the context (equal to `prepare`'s); with None, yields the context alone, in one
+        step. Close the generator to abandon the context."""
         if prefill_rows is not None and (type(prefill_rows) is not int or prefill_rows < 1):
             raise ConfigError(
                 f"prefill_rows must be a positive int (rows per prefill piece) or None, got {prefill_rows!r}"
