@@ -327,7 +327,7 @@ def context_steps(
     if rows < P:
         yield None
     with stage("target prefill"):
-        for session in adapter.prefill_pieces(encoded, max(rows, 1), piece):
+        for session in adapter.prefill_pieces(encoded, rows, piece):
             if session is None:
                 yield None
     yield VideoContext(pipe, prefix, encoded, session, capture, tokenizer)
