@@ -13,8 +13,9 @@ same requests. Every method's answers are checked against HF `generate`'s, token
 Figures: tokens/s of the whole list at each K; TTFT and latency p50/p99; the live batch size over
 time (sampled every 50 ms; a plot with --out); a second question on a prepared video (TTFT against
 the first's); one client's latency against the in-process `generate` on the same request; the
-stalls: each prefill that ran while other rows were live (they wait for it: prefill is not chunked, but
-while rows are live at most `--prepares-per-round` new videos are prepared between two rounds). Each
+stalls: each step of work that ran between two rounds while rows were live (they wait for it: a new
+video's reading, its encoding, one prefill piece of `--prefill-chunk` tokens, a question's prefill;
+at most `--prepares-per-round` new videos are in preparation while rows are live). Each
 method runs once after an untimed warm-up of the whole list (so `auto` has measured its costs and
 the video cache is cold again for every timed run: it is cleared between runs).
 """
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from hippo.service import PREFILL_ROWS
 
 N_CLIPS = 8
 QUESTIONS = ("narrate the video .", "what happens ?")
@@ -69,6 +72,7 @@ class LiveServer:
         frames: int,
         max_batch: int,
         prepares_per_round: int | None = 1,
+        prefill_rows: int | None = PREFILL_ROWS,
     ):
         import socket
 
@@ -78,7 +82,12 @@ class LiveServer:
         from hippo.service import Service
 
         self.service = Service(
-            pipe, tokenizer, max_batch=max_batch, max_queue=256, prepares_per_round=prepares_per_round
+            pipe,
+            tokenizer,
+            max_batch=max_batch,
+            max_queue=256,
+            prepares_per_round=prepares_per_round,
+            prefill_rows=prefill_rows,
         )
         app = create_app(self.service, "narrate", str(media), 5.0, {"do_sample": False}, {"frames": frames})
         with socket.socket() as s:
@@ -174,6 +183,7 @@ def run(
     threads: int,
     directory: Path,
     prepares: list[int | None] | None = None,
+    chunks: list[int | None] | None = None,
 ) -> dict:
     import hippo
 
@@ -220,8 +230,11 @@ def run(
     )
 
     result["serve"] = []
-    for k, ppr in [(k, p) for k in clients for p in (prepares or [1])]:
-        server = LiveServer(pipe, tok, media, frames, max_batch=max(8, k), prepares_per_round=ppr)
+    variants = [(k, p, c) for k in clients for p in (prepares or [1]) for c in (chunks or [PREFILL_ROWS])]
+    for k, ppr, chunk in variants:
+        server = LiveServer(
+            pipe, tok, media, frames, max_batch=max(8, k), prepares_per_round=ppr, prefill_rows=chunk
+        )
         try:
             load(server, requests, k, max_tokens)  # warm: auto's costs at this batch size, allocations
             server.service.contexts.clear()  # every timed run starts with a cold video cache
@@ -248,10 +261,11 @@ def run(
             server.close()
             server.service.close(0)
         row["identical"] = row.pop("ids") == reference
-        row["prepares_per_round"] = ppr
+        row["prepares_per_round"], row["prefill_chunk"] = ppr, chunk
         result["serve"].append(row)
         print(
-            f"serve, {k} clients, new videos per round {_ppr(ppr)}: {row['tok_s']:.1f} tok/s, TTFT p50 {_percentile(row['ttft'], 0.5):.2f} s "
+            f"serve, {k} clients, new videos per round {_ppr(ppr)}, prefill pieces of {_chunk(chunk)}: "
+            f"{row['tok_s']:.1f} tok/s, TTFT p50 {_percentile(row['ttft'], 0.5):.2f} s "
             f"p99 {_percentile(row['ttft'], 0.99):.2f} s, latency p50 {_percentile(row['latency'], 0.5):.2f} s "
             f"p99 {_percentile(row['latency'], 0.99):.2f} s, mean batch {row['mean_batch']:.2f}, "
             f"stalls {_stalls(row['stalls'])}, identical {row['identical']}",
@@ -267,16 +281,18 @@ def markdown(result: dict) -> str:
     hf, off = result["hf_generate_one_by_one"]["tok_s"], result["hippo_batch_offline"]["tok_s"]
     lone = next((r for r in result["serve"] if r["clients"] == 1), None)
     several = len({r.get("prepares_per_round", 1) for r in result["serve"]}) > 1
+    pieces = len({r.get("prefill_chunk") for r in result["serve"]}) > 1
     rows = []
     for r in result["serve"]:
         ttft_ratio = _percentile(r["ttft"], 0.99) / _percentile(lone["ttft"], 0.5) if lone else float("nan")
         rows.append([
-            r["clients"], *([_ppr(r.get("prepares_per_round", 1))] if several else []), f"{r['tok_s']:.1f}", f"{r['tok_s'] / hf:.2f}x", f"{r['tok_s'] / off:.2f}",
+            r["clients"], *([_ppr(r.get("prepares_per_round", 1))] if several else []),
+            *([_chunk(r.get("prefill_chunk"))] if pieces else []), f"{r['tok_s']:.1f}", f"{r['tok_s'] / hf:.2f}x", f"{r['tok_s'] / off:.2f}",
             f"{_percentile(r['ttft'], 0.5):.2f} / {_percentile(r['ttft'], 0.99):.2f}", f"{ttft_ratio:.2f}",
             f"{_percentile(r['latency'], 0.5):.2f} / {_percentile(r['latency'], 0.99):.2f}",
             f"{r['mean_batch']:.2f}", _stalls(r["stalls"]), "yes" if r["identical"] else "NO",
         ])  # fmt: skip
-    head = ["clients", *(["new videos per round"] if several else []), "tok/s", "/ HF one by one", "/ hippo batch", "TTFT p50 / p99 (s)",
+    head = ["clients", *(["new videos per round"] if several else []), *(["prefill pieces"] if pieces else []), "tok/s", "/ HF one by one", "/ hippo batch", "TTFT p50 / p99 (s)",
             "TTFT p99 / lone p50", "latency p50 / p99 (s)", "mean live batch",
             "stalls: n, median / max (s)", "identical"]  # fmt: skip
     lines = [
@@ -299,6 +315,10 @@ def _ppr(value: int | None) -> str:
     return "all" if value is None else str(value)
 
 
+def _chunk(value: int | None) -> str:
+    return "whole" if value is None else f"{value} tokens"
+
+
 def _stalls(xs: list[float]) -> str:
     return f"{len(xs)}, {statistics.median(xs):.2f} / {max(xs):.2f}" if xs else "0"
 
@@ -314,7 +334,8 @@ def plot(result: dict, path: Path) -> None:
         ax.step(
             [t for t, _ in r["batch_sizes"]],
             [s for _, s in r["batch_sizes"]],
-            label=f"{r['clients']} clients, new videos per round {_ppr(r.get('prepares_per_round', 1))}",
+            label=f"{r['clients']} clients, new videos per round {_ppr(r.get('prepares_per_round', 1))}, "
+            f"prefill pieces of {_chunk(r.get('prefill_chunk'))}",
         )
     ax.set_xlabel("seconds")
     ax.set_ylabel("live batch size")
@@ -337,19 +358,31 @@ def main(argv: list[str] | None = None) -> None:
         help="the server's new videos prepared between two rounds while rows are live; several: "
         "each K runs each, one after the other (default: 1)",
     )
+    ap.add_argument(
+        "--prefill-chunk",
+        type=int,
+        nargs="+",
+        default=[PREFILL_ROWS],
+        metavar="TOKENS",
+        help="the server's prefill pieces while rows are live (0: whole); several: each K runs each, "
+        "one after the other (default: %(default)s)",
+    )
     ap.add_argument("--out", metavar="FILE.md", help="write the table there, the plot beside it")
     args = ap.parse_args(argv)
     try:
         prepares = [None if v == "all" else int(v) for v in args.prepares_per_round]
     except ValueError:
         ap.error(f"--prepares-per-round takes numbers or 'all', got {args.prepares_per_round}")
+    if any(c < 0 for c in args.prefill_chunk):
+        ap.error(f"--prefill-chunk takes token counts >= 0 (0: whole), got {args.prefill_chunk}")
+    chunks = [c or None for c in args.prefill_chunk]
     if args.out:  # checked before the run, not after it
         from hippo.checkpoint import check_output
 
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         check_output(args.out, "--out")
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(args.clients, args.clips, args.max_tokens, args.threads, Path(tmp), prepares)
+        result = run(args.clients, args.clips, args.max_tokens, args.threads, Path(tmp), prepares, chunks)
     text = markdown(result)
     print(text)
     if args.out:

@@ -611,6 +611,8 @@ def _ray_group(parser: Any, title: str, unit: str, where: str) -> Any:
 
 
 def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
+    from hippo.service import PREFILL_ROWS
+
     s = sub.add_parser(
         "serve",
         parents=[debug],
@@ -642,6 +644,15 @@ def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         default=64,
         metavar="N",
         help="requests waiting before a 429 (default: %(default)s)",
+    )
+    o.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=PREFILL_ROWS,
+        metavar="TOKENS",
+        help="while requests are decoding, a new video's prefill runs in pieces of this many tokens, "
+        "one between two decoding rounds, so the live requests wait for a piece, not the whole video; "
+        "0: in one piece (default: %(default)s)",
     )
     o.add_argument(
         "--media-dir", required=True, metavar="DIR", help="the only directory videos are read from"

@@ -443,6 +443,10 @@ def check_serve_options(args: argparse.Namespace) -> None:
         )
     if args.max_batch < 1 or args.max_queue < 0 or not args.cache_gb > 0 or args.drain < 0:
         raise ConfigError("--max-batch must be >= 1, --max-queue >= 0, --cache-gb > 0 and --drain >= 0")
+    if args.prefill_chunk < 0:
+        raise ConfigError(
+            f"--prefill-chunk must be >= 0 tokens (0: a prefill in one piece), got {args.prefill_chunk}"
+        )
 
 
 def build_app(args: argparse.Namespace) -> tuple[FastAPI, Any, str]:
@@ -474,6 +478,7 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, Any, str]:
             max_batch=args.max_batch,
             max_queue=args.max_queue,
             cache_bytes=int(args.cache_gb * (1 << 30)),
+            prefill_rows=args.prefill_chunk or None,
         )
         return create_app(service, name, args.media_dir, args.drain, defaults, video), pipe, name
     except BaseException:

@@ -4,13 +4,16 @@ their tokens back and leave when done or cancelled. `hippo serve` puts HTTP in f
 One thread (the loop) owns the models: it admits queued requests while the batch has room
 (`max_batch`), prefills each on the pipeline's video context for its video, steps the engine
 (`hippo.engine.Engine`) one round at a time, and delivers every row's new tokens to its `Ticket`.
-A prefill is not chunked: the live rows wait while a new request is prefilled between two rounds.
-The prefills are interleaved with the rounds instead: while rows are live, at most
-`prepares_per_round` requests about a video not yet prepared (the long prefill: the video encoded and
-prefilled) are admitted between two rounds (default 1), while requests about a prepared video (a
-question's few tokens) are admitted as the batch has room; with no live row, nobody waits, and all
-that fit are admitted. `prefills_per_round` caps all admissions per round while rows are live
-(default: none).
+A new video's preparation (read, encoded and prefilled once: the long prefill) is interleaved with
+the rounds: the file is read and laid out on a media thread while the rounds go on (no model runs
+there), then, while rows are live, the preparation advances by one step between two rounds (the
+encoding, or one piece of at most `prefill_rows` prompt rows of the target's prefill,
+`Pipeline.prepare_steps`), so the live rows wait for one piece, not for the whole prefill; with no
+live row, nobody waits, and it runs to the end at once. At most `prepares_per_round` videos are in
+preparation while rows are live (default 1); requests about a prepared video (a question's few
+tokens) are admitted as the batch has room, and those about a video in preparation start when it
+is ready. `prefills_per_round` caps all admissions per round while rows are live (default: none).
+`stall_seconds` records each step the live rows waited for (the last `STALLS_KEPT`).
 Other threads only submit, cancel and read tickets.
 
 - **Video prefix cache.** A request names a video file and frame options; the first request about a
@@ -24,19 +27,21 @@ Other threads only submit, cancel and read tickets.
   sampling or logits processing in a round) fails alone and the others go on. An error in a batched
   forward fails the rows of that round (their state is unknown); the loop goes on with the requests
   that come next.
-- **Stopping.** `close(drain)` stops admitting, lets the live rows finish for up to `drain`
-  seconds, then cancels what is left; every ticket ends.
+- **Stopping.** `close(drain)` stops admitting (requests queued or waiting for their video's
+  preparation fail), lets the live rows finish for up to `drain` seconds, then cancels what is
+  left; every ticket ends.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import hashlib
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -48,7 +53,10 @@ from hippo.errors import HippoError, InputError, MemoryBudgetError, one_line
 #: video options that make two requests about one file need two contexts
 VIDEO_OPTIONS = ("frames", "fps", "max_pixels")
 
-#: `Service.stall_seconds` keeps this many of the latest waits
+#: prompt rows per piece of a new video's prefill while rows are live (`Service(prefill_rows=)`)
+PREFILL_ROWS = 256
+
+#: `Service.stall_seconds` keeps this many of the latest waits (a server runs for days)
 STALLS_KEPT = 10_000
 
 
@@ -134,6 +142,16 @@ def _first_stop(text: str, stops: Sequence[str], start: int) -> int | None:
     return min(found) if found else None
 
 
+@attrs.define
+class _Preparation:
+    """A video's context being prepared, and the requests about it: the file read on the media thread
+    (`reading`), then the steps of its encoding and prefill (`ContextCache.prepare`)."""
+
+    reading: concurrent.futures.Future
+    steps: Iterator[Any] | None = None
+    tickets: list[Ticket] = attrs.Factory(list)
+
+
 class ContextCache:
     """Prepared video contexts by (file content, video options), bounded in bytes, LRU."""
 
@@ -156,16 +174,31 @@ class ContextCache:
         return sum(ctx.nbytes for ctx in self.entries.values())
 
     def get(self, path: str, options: dict[str, Any], key: tuple | None = None) -> Any:
+        """The context for (path, options), prepared now if the cache does not hold it."""
         key = self.key(path, options) if key is None else key
         ctx = self.entries.get(key)
         if ctx is not None and not ctx.closed:
             self.hits += 1
             self.entries.move_to_end(key)
             return ctx
+        *_, ctx = self.prepare(path, key, **options)
+        return ctx
+
+    def prepare(
+        self, source: Any, key: tuple, prefill_rows: int | None = None, **options: Any
+    ) -> Iterator[Any]:
+        """Prepare the context for `key` from `source` (a video file and its `options`, or its processor
+        inputs) in steps (`Pipeline.prepare_steps`): yields None between two steps, then the context,
+        cached. A context that would pass the pipeline's budget evicts the least recently used ones
+        first (and the steps start again)."""
         self.misses += 1
         while True:
             try:
-                ctx = self.pipeline.prepare(path, tokenizer=self.tokenizer, **options)
+                for ctx in self.pipeline.prepare_steps(
+                    source, prefill_rows=prefill_rows, tokenizer=self.tokenizer, **options
+                ):
+                    if ctx is None:
+                        yield None
                 break
             except MemoryBudgetError:
                 if not self.entries:
@@ -174,7 +207,7 @@ class ContextCache:
         self.entries[key] = ctx
         while len(self.entries) > 1 and self.nbytes > self.max_bytes:
             self._evict()
-        return ctx
+        yield ctx
 
     def _evict(self) -> None:
         _, ctx = self.entries.popitem(last=False)
@@ -206,15 +239,21 @@ class Service:
         max_queue: int = 64,
         cache_bytes: int = 4 << 30,
         prefills_per_round: int | None = None,  # while rows are live (None: as many as fit)
-        prepares_per_round: int | None = 1,  # new videos prepared per round while rows are live (None: all)
+        prepares_per_round: int | None = 1,  # new videos in preparation while rows are live (None: all)
+        prefill_rows: int | None = PREFILL_ROWS,  # rows per prefill piece while rows are live (None: whole)
         on_round: Callable[[Service], None] | None = None,  # told after each round (metrics)
     ):
         if max_batch < 1 or max_queue < 0:
             raise InputError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} and {max_queue}")
+        if prefill_rows is not None and (type(prefill_rows) is not int or prefill_rows < 1):
+            raise InputError(f"prefill_rows must be a positive int or None, got {prefill_rows!r}")
         self.pipeline, self.tokenizer = pipeline, tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
         self.prefills_per_round = prefills_per_round
         self.prepares_per_round = prepares_per_round
+        self.prefill_rows = prefill_rows
+        self.preparing: dict[tuple, _Preparation] = {}  # videos being prepared, by context key
+        self.reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hippo-media")
         self.contexts = ContextCache(pipeline, tokenizer, cache_bytes)
         self.engine = pipeline.engine()
         self.on_round = on_round
@@ -224,7 +263,7 @@ class Service:
         self.accepting = True
         self._drain_until: float | None = None
         self.rounds = 0
-        # prefills that made live rows wait, each (the last STALLS_KEPT: a server runs for days)
+        # each step of work between two rounds that live rows waited for (the last STALLS_KEPT)
         self.stall_seconds: collections.deque[float] = collections.deque(maxlen=STALLS_KEPT)
         self.thread = threading.Thread(target=self._loop, name="hippo-engine", daemon=True)
         self.thread.start()
@@ -266,22 +305,26 @@ class Service:
             self.pending.clear()
             self.cv.notify()
         self.thread.join()
+        self.reader.shutdown(wait=False, cancel_futures=True)
         self.contexts.clear()
 
     # ---- the loop thread --------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self.cv:
-                while not self.pending and not self.live and self.accepting:
+                while not self.pending and not self.live and not self.preparing and self.accepting:
                     self.cv.wait()
-                if not self.accepting and not self.live:
-                    return
+                if not self.accepting:  # requests not yet started end as the queued ones did
+                    self._abandon_preparations()
+                    if not self.live:
+                        return
                 waiting = list(self.pending)
             self._read_keys(waiting)
             with self.cv:
                 admit = self._choose()
             for ticket in admit:
                 self._admit(ticket)
+            self._prepare()
             self._cancel_marked()
             if self._drain_until is not None and time.perf_counter() > self._drain_until:
                 for ticket in list(self.live.values()):
@@ -300,24 +343,95 @@ class Service:
 
     def _choose(self) -> list[Ticket]:
         """The queued requests to admit between two rounds (see the module doc), in queue order;
-        a request about a new video that must wait for a later round keeps its place."""
-        room = self.max_batch - len(self.live)
+        a request about a new video that must wait for a later round keeps its place, and so does one
+        whose video key was not read yet (it came after `_read_keys`: requests with no key would
+        share one preparation, the first one's video)."""
+        waiting = sum(len(p.tickets) for p in self.preparing.values())  # admitted, not yet rows
+        room = self.max_batch - len(self.live) - waiting
         if self.live and self.prefills_per_round is not None:
             room = min(room, self.prefills_per_round)
         prepares = self.prepares_per_round if self.live else None
-        admit, keep, new = [], collections.deque(), set()
+        admit, keep, new = [], collections.deque(), set(self.preparing)
         for ticket in self.pending:
+            if ticket.key is None and ticket.key_error is None:  # came after `_read_keys`: next time
+                keep.append(ticket)
+                continue
             fresh = ticket.key is not None and not self.contexts.holds(ticket.key) and ticket.key not in new
             if len(admit) >= room or (fresh and prepares is not None and len(new) >= prepares):
                 keep.append(ticket)
                 continue
             admit.append(ticket)
             if fresh:
-                new.add(ticket.key)  # a second request about it finds it prepared
+                new.add(ticket.key)  # a second request about it waits for the same preparation
         self.pending = keep
         return admit
 
     def _admit(self, ticket: Ticket) -> None:
+        """Start the ticket's row on its video's context, or have it wait for the context's preparation."""
+        if ticket.key_error is None and not self.contexts.holds(ticket.key):
+            prep = self.preparing.get(ticket.key)
+            if prep is None:
+                req = ticket.request
+                reading = self.reader.submit(self._read, req.video, req.video_options)
+                prep = self.preparing[ticket.key] = _Preparation(reading)
+            prep.tickets.append(ticket)
+            return
+        self._start(ticket, None)
+
+    def _prepare(self) -> None:
+        """One step of each video's preparation while rows are live (all of it while none is); a
+        prepared video's waiting requests start at once."""
+        for key, prep in list(self.preparing.items()):
+            for ticket in [t for t in prep.tickets if t.cancelled.is_set()]:
+                prep.tickets.remove(ticket)
+                ticket.fail(InputError("cancelled before it started"))
+            if not prep.tickets:  # nobody waits for it any more
+                self._drop(key)
+                continue
+            if prep.steps is None and not prep.reading.done():
+                if not self.live:  # nothing else to run: wait a little, then look at the queue again
+                    concurrent.futures.wait([prep.reading], timeout=0.05)
+                continue
+            t0, waiting = time.perf_counter(), bool(self.live)
+            try:
+                if prep.steps is None:
+                    prep.steps = self.contexts.prepare(prep.reading.result(), key, self.prefill_rows)
+                ctx = next(prep.steps) if waiting else collections.deque(prep.steps, maxlen=1)[0]
+            except Exception as exc:
+                del self.preparing[key]
+                error = exc if isinstance(exc, HippoError) else None
+                for ticket in prep.tickets:
+                    ticket.fail(
+                        error or InputError(f"the request failed while preparing it: {one_line(exc)}")
+                    )
+                continue
+            finally:
+                if waiting:
+                    self.stall_seconds.append(time.perf_counter() - t0)
+            if ctx is not None:
+                del self.preparing[key]
+                for ticket in prep.tickets:
+                    self._start(ticket, ctx)
+
+    def _read(self, path: str, options: dict[str, Any]) -> dict[str, Any]:  # on the media thread
+        """The processor inputs of the video file (decoded and laid out): no model runs here, so the
+        live rows' rounds go on meanwhile."""
+        return self.pipeline.video_inputs(path, "?", tokenizer=self.tokenizer, **options)
+
+    def _drop(self, key: tuple) -> None:
+        prep = self.preparing.pop(key)
+        prep.reading.cancel()
+        if prep.steps is not None:
+            prep.steps.close()
+
+    def _abandon_preparations(self) -> None:
+        for key in list(self.preparing):
+            for ticket in self.preparing[key].tickets:
+                ticket.fail(InputError("the server shut down before this request was started"))
+            self._drop(key)
+
+    def _start(self, ticket: Ticket, ctx: Any) -> None:
+        """The ticket's row joins the engine, on `ctx` (None: the cached context of its key)."""
         if ticket.cancelled.is_set():
             ticket.fail(InputError("cancelled before it started"))
             return
@@ -325,7 +439,8 @@ class Service:
         try:
             if ticket.key_error is not None:
                 raise ticket.key_error
-            ctx = self.contexts.get(req.video, req.video_options, key=ticket.key)
+            if ctx is None:
+                ctx = self.contexts.get(req.video, req.video_options, key=ticket.key)
             turn = Turn(ctx, text_question_ids(ctx, req.turns))
             generation = dict(req.generation)
             seed = generation.pop("seed", None)

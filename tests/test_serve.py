@@ -74,6 +74,8 @@ def launch(env: dict, port: int, *extra: str, deadline: float = 120) -> tuple[su
         MODEL,
         "--drain",
         "20",
+        "--prefill-chunk",  # a new video's prefill in pieces: the equality tests cover them
+        "8",
         *extra,
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -434,6 +436,49 @@ def test_new_videos_are_prepared_one_per_round_while_rows_are_live(files):
     assert max(steps) == 1 and sum(steps) == 3, seen  # the three new videos, one per round
 
 
+def test_a_new_videos_prefill_runs_in_pieces_between_rounds(files):
+    """In process: while a row decodes, a new video is read on the media thread (the row goes on),
+    then encoded and prefilled one step per round (the encoding, then one prefill piece of
+    `prefill_rows` rows), so the live row waits for one step at a time; the new request starts once
+    its video is prepared, and both answers equal those of a service that prefills in one piece."""
+    from tiny_checkpoint import tiny_tokenizer
+
+    from hippo.service import Request, Service
+
+    pipe = (
+        hippo.PipelineBuilder().target(str(files["target"]), dtype=torch.float64).scheduler("autoregressive")
+    )
+    options = {"frames": 4, "max_pixels": MAX_PIXELS}
+    first = Request(
+        str(files["short"]), [("what happens ?", None)], options, {"max_new_tokens": 60, "min_new_tokens": 60}
+    )
+    second = Request(str(files["long"]), [("describe it .", None)], options, {"max_new_tokens": 6})
+    answers = {}
+    for rows in (5, None):
+        seen = []  # (videos in preparation, steps the live row waited for) after each round
+        service = Service(
+            pipe.build(),
+            tiny_tokenizer(),
+            prefill_rows=rows,
+            on_round=lambda s, seen=seen: seen.append((len(s.preparing), len(s.stall_seconds))),
+        )
+        try:
+            a = service.submit(first)
+            assert a.events.get(timeout=60)[0] == "started"
+            b = service.submit(second)
+            answers[rows] = [_answer(t)[1]["token_ids"] for t in (a, b)]
+            prefix = list(service.contexts.entries.values())[-1].length  # the new video's
+            waits = len(service.stall_seconds)
+        finally:
+            service.close(0)
+        during = [n for busy, n in seen if busy]  # waits so far, after each round while it was prepared
+        steps = 1 + -(-prefix // rows) if rows else 1  # encoded, then each piece (or all in one)
+        assert waits == steps + 1, (waits, seen)  # and the new request's own question
+        assert all(b - a <= 1 for a, b in zip(during, during[1:])), seen  # one step per round
+        assert len(during) >= steps - 1, seen  # a round between two steps
+    assert answers[5] == answers[None]
+
+
 def test_the_service_fails_a_prompt_longer_than_the_context_alone_and_bounds_its_video_cache(tmp_path):
     """In process (`hippo.service`, no HTTP): a request whose prompt passes the target's context fails
     with the message `hippo generate` prints, the next request is answered; the video cache keeps
@@ -467,8 +512,63 @@ def test_the_service_fails_a_prompt_longer_than_the_context_alone_and_bounds_its
             assert kind == "end", info
             answers.append(info["token_ids"])
             assert len(service.contexts.entries) == 1  # over budget: only the newest is kept
-        assert (
-            answers[2] == answers[0] and service.contexts.misses == 4 and service.contexts.hits == 0
-        )  # the first failed
+        # the first failed as its video was read (its prompt is longer than the context): never prepared
+        assert answers[2] == answers[0] and service.contexts.misses == 3 and service.contexts.hits == 0
     finally:
         service.close(0)
+
+
+def test_requests_that_come_while_the_loop_reads_the_queue_each_get_their_own_video(files, monkeypatch):
+    """In process: requests about two new videos that arrive after the loop read the queue's video keys
+    and before it admits (a burst of clients) wait for the next read; each is answered on its own
+    video, as a service that gets them one at a time answers it, and each video is prepared once."""
+    from tiny_checkpoint import tiny_tokenizer
+
+    from hippo.service import Request, Service
+
+    pipe = (
+        hippo.PipelineBuilder().target(str(files["target"]), dtype=torch.float64).scheduler("autoregressive")
+    )
+    six = {"max_new_tokens": 6}
+    requests = [
+        Request(
+            str(files["short"]), [("what happens ?", None)], {"frames": 2, "max_pixels": MAX_PIXELS}, six
+        ),
+        Request(str(files["long"]), [("describe it .", None)], {"frames": 4, "max_pixels": MAX_PIXELS}, six),
+        Request(str(files["long"]), [("what happens ?", None)], {"frames": 2, "max_pixels": MAX_PIXELS}, six),
+    ]
+
+    def answers(service: Service, tickets: list) -> list[tuple[int, list[int]]]:
+        out = []
+        for ticket in tickets:
+            assert ticket.events.get(timeout=60)[0] == "started"
+            kind, info = _answer(ticket)
+            assert kind == "end", info
+            out.append((info["prompt_tokens"], info["token_ids"]))
+        return out
+
+    alone = Service(pipe.build(), tiny_tokenizer())
+    try:
+        expected = [answers(alone, [alone.submit(r)])[0] for r in requests]
+    finally:
+        alone.close(0)
+    assert expected[1][0] != expected[2][0]  # the two late videos differ (in frames, so in length)
+
+    late = list(requests[1:])
+    tickets = []
+    read = Service._read_keys
+
+    def read_then_more_arrive(self, waiting):
+        read(self, waiting)
+        while late:  # after the read, before the choice
+            tickets.append(self.submit(late.pop(0)))
+
+    monkeypatch.setattr(Service, "_read_keys", read_then_more_arrive)
+    service = Service(pipe.build(), tiny_tokenizer())
+    try:
+        tickets.insert(0, service.submit(requests[0]))
+        got = answers(service, tickets)
+    finally:
+        service.close(0)
+    assert got == expected
+    assert service.contexts.misses == 3  # each video prepared once, none shared
