@@ -193,7 +193,7 @@ class LlavaOnevisionAdapter(AttentionReadout, Adapter):
     ) -> Iterator[KVSession | None]:
         """The full prompt's prefill in pieces of `rows` rows (see `Adapter.prefill_pieces`)."""
         L = encoded.length
-        cache = slab_cache(self.model.config)
+        cache = slab_cache(self.model.config, reserve=L)  # allocated once: no second copy
         for start in range(0, L, rows):
             end = min(start + rows, L)
             with around(start, end), torch.inference_mode():

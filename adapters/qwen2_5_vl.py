@@ -343,7 +343,7 @@ class Qwen25VLAdapter(AttentionReadout, Adapter):
         """The full prompt's prefill in pieces of `rows` rows (see `Adapter.prefill_pieces`): each piece
         is the rows [start, end) of the prompt, at their own positions, on the cache of the pieces before."""
         L = encoded.length
-        cache = slab_cache(self.model.config)
+        cache = slab_cache(self.model.config, reserve=L)  # allocated once: no second copy
         for start in range(0, L, rows):
             end = min(start + rows, L)
             piece = None  # [L] bool: the piece's rows (None: all)

@@ -34,9 +34,11 @@ MIN_ROOM = 128
 class SlabLayer(DynamicLayer):
     """A `DynamicLayer` whose appends write into a pre-allocated slab (see the module's doc)."""
 
-    def __init__(self, **kwargs: Any):
+    def __init__(self, reserve: int = 0, **kwargs: Any):
         super().__init__(**kwargs)
         self.slabs: tuple[torch.Tensor, torch.Tensor] | None = None  # ([B, H, C, D], [B, H, C, D])
+        #: a slab for at most this many entries holds exactly this many (a prefill of known length)
+        self.reserve = reserve
 
     def update(
         self,
@@ -68,7 +70,7 @@ class SlabLayer(DynamicLayer):
         return _prefix(self.keys, ks) and _prefix(self.values, vs)
 
     def _new_slabs(self, n: int, need: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        capacity = need + max(MIN_ROOM, need // 4)
+        capacity = self.reserve if need <= self.reserve else need + max(MIN_ROOM, need // 4)
         slabs = []
         for old, new in ((self.keys, key_states), (self.values, value_states)):
             B, H, _, D = new.shape
@@ -116,11 +118,13 @@ def _keep_copied(layer: Any, past: int, src: torch.Tensor) -> None:
     layer.values = layer.values.index_select(-2, index)
 
 
-def slab_cache(config: Any) -> Any:
+def slab_cache(config: Any, reserve: int = 0) -> Any:
     """A transformers `DynamicCache` for `config`, its full-attention layers `SlabLayer`s (sliding
-    and other layer kinds stay as transformers makes them)."""
+    and other layer kinds stay as transformers makes them). `reserve`: the entries a prefill of known
+    length will write (in one forward or in pieces): its slab holds exactly them, allocated once,
+    so `fit_cache` keeps it as it is and the prefill's peak memory holds one copy of the KV."""
     cache = DynamicCache(config=config)
-    cache.layers = [SlabLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    cache.layers = [SlabLayer(reserve) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 
 
@@ -140,7 +144,8 @@ def fit_cache(cache: Any) -> Any:
     cache that is kept and forked, not grown (a video context's prefix). Returns `cache`."""
     for layer in getattr(cache, "layers", ()):
         if isinstance(layer, SlabLayer) and layer.slabs is not None:
-            layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+            if layer.keys.shape[2] < layer.slabs[0].shape[2]:  # spare slots: copy the entries out
+                layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
             layer.disown()
     return cache
 

@@ -378,16 +378,19 @@ class Pipeline:
         fps: float | None = None,
         max_pixels: int | None = None,
         progress: Callable[..., None] | None = None,
+        prefill_rows: int | None = None,
     ) -> VideoContext:
         """Encode a video and prefill its shared prefix once, for `ask` and `conversation`.
 
         `source` is processor inputs of a prompt holding the video (everything after the video's
         last placeholder token is dropped: ask with the question's token ids), or a video file
         (`video_inputs` options; text questions then use `tokenizer`, default the checkpoint's).
+        `prefill_rows`: the target's prefill runs in pieces of at most this many prompt rows, so its
+        activations are those of one piece, not of the whole prompt (the context is the same).
         Raises MemoryBudgetError when the context would exceed `context_budget` or free memory.
         """
         options = dict(tokenizer=tokenizer, frames=frames, fps=fps, max_pixels=max_pixels, progress=progress)
-        *_, ctx = self.prepare_steps(source, **options)  # the steps run back to back
+        *_, ctx = self.prepare_steps(source, prefill_rows=prefill_rows, **options)  # back to back
         return ctx
 
     def prepare_steps(

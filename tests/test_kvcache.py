@@ -98,3 +98,25 @@ def test_a_kept_cache_holds_no_spare_slots_and_slab_caches_replace_full_attentio
     fit_cache(cache)
     assert layer.slabs is None and layer.keys.is_contiguous() and torch.equal(layer.keys, keys)
     assert layer.keys.untyped_storage().nbytes() == keys.numel() * keys.element_size()
+
+
+def test_a_prefill_of_known_length_allocates_its_slab_once_and_is_kept_without_a_copy():
+    """`slab_cache(config, reserve=L)`: a prefill of L entries, in pieces, writes into one slab of
+    exactly L; `fit_cache` keeps that slab (no second copy of the KV at the prefill's peak), and a
+    fork of it still copies before it grows, leaving the kept entries as they were."""
+    cache = slab_cache(hm.tiny("qwen2_5_vl").config, reserve=12)
+    layer = cache.layers[0]
+    _append(layer, 5, 0)
+    slab = layer.slabs[0]
+    assert slab.shape[2] == 12
+    _append(layer, 7, 1)
+    assert layer.slabs[0] is slab
+    keys, pointer = layer.keys.clone(), layer.keys.data_ptr()
+    fit_cache(cache)
+    assert layer.slabs is None and layer.keys.data_ptr() == pointer and torch.equal(layer.keys, keys)
+    assert layer.keys.is_contiguous()
+    assert layer.keys.untyped_storage().nbytes() == keys.numel() * keys.element_size()
+    fork = fork_cache(cache)
+    _append(fork.layers[0], 3, 2)
+    assert fork.layers[0].keys.shape[2] == 15 and fork.layers[0].keys.data_ptr() != pointer
+    assert torch.equal(layer.keys, keys)
