@@ -322,17 +322,15 @@ def run(
         pipes[row.name] = None if row.method == "hf_generate" else pipeline(row, target, draft, warm, gamma)
     out_rows, per_n = [], {}
     try:
-        for n in sweep:
+        for i, n in enumerate(sweep):
             c = clips[n]
             t_n = time.perf_counter()
             log(f"N = {c.tokens} visual tokens ({c.needles.numel()} needle tokens)")
             per_n[c.tokens] = step_costs(target, draft, c, gamma, bandwidth)
             results: dict[str, Any] = {}
-            # the target alone runs first and again last: every row's speedup is over the mean of the
-            # two, so a machine that speeds up or slows down during the rows biases no row by its place
-            baseline = Row("target_alone")
-            assert table[0] == baseline
-            for row in [*table, baseline]:
+            # the target alone first and again last (each speedup is over the mean of the two), the
+            # other rows between, their order reversed at every other N (`row_order`)
+            for row in row_order(table, i):
                 pipe = pipes[row.name]
                 if pipe is not None and row.selector == "oracle":  # the oracle knows this clip's needles
                     pipe.close()
@@ -367,6 +365,17 @@ def run(
     summary = {"rows": out_rows, "steps": per_n, "bandwidth_bytes_per_s": bandwidth, "gamma": gamma}
     summary["claims"] = claims(summary, target, tok, clips[max(sweep)], log)
     return summary
+
+
+def row_order(table: list[Row], i: int) -> list[Row]:
+    """The rows' order at the i-th N: the target alone first and again last, the others between, in
+    the table's order at even i and reversed at odd i, so that no row always runs late in an N (a
+    machine that drifts during the rows favours no row by its place)."""
+    baseline = Row("target_alone")
+    if table[0] != baseline:
+        raise ValueError("the long bench's table starts with the target alone")
+    rest = table[1:] if i % 2 == 0 else table[:0:-1]
+    return [baseline, *rest, baseline]
 
 
 def bracket(

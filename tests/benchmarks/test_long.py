@@ -1,12 +1,13 @@
-"""`hippo bench --long`'s bookkeeping: the target alone measured before and after the other rows, and
-every speedup taken over the mean of its two runs."""
+"""`hippo bench --long`'s bookkeeping: the target alone measured before and after the other rows, the
+others in the table's order at one N and reversed at the next, and every speedup taken over the
+mean of the target alone's two runs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hippo.benchmarks.long import Clip, Row, _rows_at, bracket
+from hippo.benchmarks.long import Clip, Row, _rows_at, bracket, row_order
 
 
 def _one(seconds: float, decode: float, seq: list[int]) -> dict:
@@ -57,3 +58,17 @@ def test_the_target_alone_is_the_mean_of_its_runs_before_and_after_the_rows() ->
     assert rows[2]["e2e_speedup"] == pytest.approx(10.0 / 5.0)
     assert rows[2]["decode_speedup"] == pytest.approx(3.0 / 1.5)
     assert all(r["identical"] for r in rows)
+
+
+def test_the_rows_run_between_two_runs_of_the_target_alone_in_alternating_order() -> None:
+    table = [
+        Row("target_alone"),
+        Row("hf_generate"),
+        Row("serial", "uniform", 0.1),
+        Row("auto", "holistic", 0.1),
+    ]
+    first, second, third = (row_order(table, i) for i in range(3))
+    assert first == [*table, table[0]] and third == first
+    assert second == [table[0], *table[:0:-1], table[0]]
+    with pytest.raises(ValueError, match="starts with the target alone"):
+        row_order(table[1:], 0)
