@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -83,6 +84,9 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     with quiet_transformers(args.debug, False):
         prepare(args, cfg, lookup("schedulers", cfg.scheduler.name).needs_draft)
     name = args.served_model_name or Path(cfg.target).name
+    # Serve kills an HTTP proxy not ready within 5 s, and `serve.start` then fails; on a busy machine
+    # a new process can take longer to start. A Ray instance started here gives it a minute.
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     started = connect(ray, args)
     if not args.debug:
         logging.getLogger("ray.serve").setLevel(logging.ERROR)

@@ -9,7 +9,8 @@ the rounds: the file is read and laid out on a media thread while the rounds go 
 there), then, while rows are live, the preparation advances by one step between two rounds (the
 encoding, or one piece of at most `prefill_rows` prompt rows of the target's prefill,
 `Pipeline.prepare_steps`), so the live rows wait for one piece, not for the whole prefill; with no
-live row, nobody waits, and it runs to the end at once. At most `prepares_per_round` videos are in
+live row, nobody waits, and it runs to the end at once (as do the others of a burst of new videos
+that came together: the first one's rows wait for them once, after their first token). At most `prepares_per_round` videos are in
 preparation while rows are live (default 1); requests about a prepared video (a question's few
 tokens) are admitted as the batch has room, and those about a video in preparation start when it
 is ready. `prefills_per_round` caps all admissions per round while rows are live (default: none).
@@ -379,8 +380,12 @@ class Service:
         self._start(ticket, None)
 
     def _prepare(self) -> None:
-        """One step of each video's preparation while rows are live (all of it while none is); a
-        prepared video's waiting requests start at once."""
+        """One step of each video's preparation while rows are live at the start of this pass, all of
+        it while none is; a prepared video's waiting requests start at once. So videos that arrive
+        together at an idle server are all prepared in one pass: the rows of the first ones wait for
+        the later ones once, after their first token, and the later ones' first tokens do not wait
+        for rounds of the first ones between their pieces."""
+        stepwise = bool(self.live)
         for key, prep in list(self.preparing.items()):
             for ticket in [t for t in prep.tickets if t.cancelled.is_set()]:
                 prep.tickets.remove(ticket)
@@ -396,7 +401,7 @@ class Service:
             try:
                 if prep.steps is None:
                     prep.steps = self.contexts.prepare(prep.reading.result(), key, self.prefill_rows)
-                ctx = next(prep.steps) if waiting else collections.deque(prep.steps, maxlen=1)[0]
+                ctx = next(prep.steps) if stepwise else collections.deque(prep.steps, maxlen=1)[0]
             except Exception as exc:
                 del self.preparing[key]
                 error = exc if isinstance(exc, HippoError) else None

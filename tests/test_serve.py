@@ -572,3 +572,41 @@ def test_requests_that_come_while_the_loop_reads_the_queue_each_get_their_own_vi
         service.close(0)
     assert got == expected
     assert service.contexts.misses == 3  # each video prepared once, none shared
+
+
+def test_new_videos_that_come_together_to_an_idle_service_are_prepared_before_its_first_round(files):
+    """In process: two requests about two new videos reach an idle service together. Both videos are
+    prepared, whole, before the first round (the second's pieces do not wait for rounds of the
+    first's row), and the first's row waits for that once, after its first token."""
+    from tiny_checkpoint import tiny_tokenizer
+
+    from hippo.service import Request, Service
+
+    pipe = (
+        hippo.PipelineBuilder().target(str(files["target"]), dtype=torch.float64).scheduler("autoregressive")
+    )
+    seen = []  # videos prepared, after each round
+    service = Service(
+        pipe.build(),
+        tiny_tokenizer(),
+        prefill_rows=5,
+        on_round=lambda s: seen.append(len(s.contexts.entries)),
+    )
+    requests = [
+        Request(
+            str(files[v]),
+            [("what happens ?", None)],
+            {"frames": n, "max_pixels": MAX_PIXELS},
+            {"max_new_tokens": 4},
+        )
+        for v, n in (("short", 2), ("long", 8))
+    ]
+    try:
+        with service.cv:  # both queued before the loop looks
+            tickets = [service.submit(r) for r in requests]
+        assert [_answer(t)[0] for t in tickets] == ["end", "end"]
+        waits = len(service.stall_seconds)
+    finally:
+        service.close(0)
+    assert seen[0] == 2, seen
+    assert waits == 2  # the first row waited for the second video's preparation, and its question
