@@ -291,8 +291,8 @@ def context_steps(
     """Encode and prefill the shared prefix of `inputs` for `pipe` (see `Pipeline.prepare_steps`), in
     steps: yields None after the vision encoding and after each piece of the target's prefill but
     the last, then the context. Between two steps the pipeline's models may run other work (other
-    requests' decoding). The prefill runs in one piece when the adapter or the
-    scorer cannot split it (`Adapter.prefill_pieces`, `observes_pieces`)."""
+    requests' decoding). The prefill runs in one piece when the adapter or the scorer cannot split
+    it (`Adapter.prefill_pieces`, `observes_pieces`)."""
     adapter = pipe.target_adapter
     P = adapter.shared_prefix_length(inputs["input_ids"][0])
     if P == 0:

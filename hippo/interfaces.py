@@ -516,8 +516,8 @@ class Adapter(ABC):
         """`prefill(encoded, None)` as forwards of the prompt rows 0..rows-1, rows..2·rows-1, ...:
         each runs inside `around(start, end)`; yields None after each piece but the last, then the
         session. Between two pieces the model may run other forwards (other requests' decoding). This
-        default runs one piece, `around(0, L)`; adapters whose model takes its
-        prefill in pieces override it."""
+        default runs one piece, `around(0, L)`; adapters whose model takes its prefill in pieces
+        override it."""
         with around(0, encoded.length):
             session = self.prefill(encoded, None)
         yield session

@@ -13,7 +13,8 @@ live row, nobody waits, and it runs to the end at once (as do the others of a bu
 that came together: the first one's rows wait for them once, after their first token). At most
 `prepares_per_round` videos are in preparation while rows are live (default 1); requests about a
 prepared video (a question's few tokens) are admitted as the batch has room, and those about a
-video in preparation start when it is ready. `prefills_per_round` caps all admissions per round while rows are live (default: none).
+video in preparation start when it is ready. `prefills_per_round` caps all admissions per round
+while rows are live (default: none).
 `stall_seconds` records each step the live rows waited for (the last `STALLS_KEPT`).
 Other threads only submit, cancel and read tickets.
 
