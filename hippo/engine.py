@@ -20,7 +20,11 @@ or a `hippo.cost.AutoGamma` that re-chooses one γ for all live rows each round.
 one fixed γ (`sampled_gamma`) through every round, so a seeded sample does not depend on the rows
 it shares the batch with (greedy rows are exact at any γ).
 
-`Pipeline.generate_batch`, `Pipeline.map`, `hippo batch` and `hippo serve` decode on this loop.
+`Pipeline.generate_batch`, `Pipeline.map`, `hippo batch` and `hippo serve` decode on this loop, and
+so does `generate` with the sequential schedules (`serial`, `autoregressive`, and `auto` where it
+chooses them): `decode_alone` runs one job as a batch of one that nothing joins, on the job's own
+sessions (packed or compiled) and its own drafter (chains and trees), the round being the drafter's
+`propose` and `Job.verify_round`.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import torch
 from hippo.accept import settle
 from hippo.cost import GAMMA_START, AutoGamma, GammaPlan
 from hippo.errors import UnsupportedError
-from hippo.interfaces import Job, common_prefix, prefilling
+from hippo.interfaces import Job, catch_up, prefilling
 from hippo.packed import MAX_ROWS, PackedLinears
 from hippo.proposal import DraftProposal
 from hippo.registry import lookup
@@ -110,6 +114,22 @@ class _Row:
         self.error: BaseException | None = None  # what failed in this row's own work (it then leaves)
 
 
+class _Solo:
+    """A batch of one on its job's own sessions and drafter: p's session of the pipeline's kind
+    (packed, compiled), and q's `DraftSide`, which drafts with the pipeline's drafter."""
+
+    def __init__(self, job: Job, target: Any, side: Any):
+        self.job, self.target, self.side = job, target, side
+
+    def round(self, gamma: int | None) -> None:
+        """One round: γ draft tokens verified by p (None: a step of p alone). Errors propagate."""
+        job = self.job
+        if gamma is None:
+            job.target_step(self.target)
+        else:
+            job.verify_round(self.target, self.side.propose(job.prefix(), gamma))
+
+
 class _DraftClock:
     """Seconds per batched draft forward, per batch size B, in this engine."""
 
@@ -135,11 +155,16 @@ class Engine:
     `add(job)` prefills a job and lets it join the live rows; `step()` runs one round for all of
     them and returns the jobs that finished in it; `cancel(job)` removes a live row. `run(jobs)`
     adds them all and steps until none is live. `sampled_gamma`: the fixed γ of sampled rows
-    (default: the schedule's γ where it is fixed, else `hippo.cost.GAMMA_START`).
+    (default: the schedule's γ where it is fixed, else `hippo.cost.GAMMA_START`). `scheduler`: the
+    schedule asked how the batch drafts and told when a row is done (default: the pipeline's).
+    `alone`: a batch of one that nothing joins, on its job's own sessions and drafter, whose job the
+    caller finishes (`decode_alone`).
     """
 
-    def __init__(self, pipe: Any, sampled_gamma: int | None = None):
-        if not can_batch(pipe):
+    def __init__(
+        self, pipe: Any, sampled_gamma: int | None = None, scheduler: Any = None, alone: bool = False
+    ):
+        if not alone and not can_batch(pipe):
             name = pipe.names.get("scheduler", type(pipe.scheduler).__name__)
             raise UnsupportedError(
                 f"scheduler {name!r} with drafter {type(pipe.drafter).__name__} has no batched form; "
@@ -147,7 +172,10 @@ class Engine:
                 "'autoregressive') with the 'chain' drafter (or one with `rewrite_chain`)"
             )
         self.pipe = pipe
+        self.scheduler = pipe.scheduler if scheduler is None else scheduler
         self.sampled_gamma = sampled_gamma
+        self.alone = alone
+        self.solo: _Solo | None = None  # the live row's own sessions and drafter, when alone
         self.rows: list[_Row] = []
         self.target: BatchedCache | None = None
         self.draft: BatchedCache | None = None
@@ -178,11 +206,15 @@ class Engine:
             target = job.prefill_target()
             job.first_token(target)
             if job.done:
-                self._finish(_Row(job, None))
+                if self.alone:  # as a round never taken: nothing to book
+                    self.gamma = self.plan = None
+                else:
+                    self._finish(_Row(job, None))
                 return False
             draft = job.prefill_draft() if self.drafting else None
         except BaseException:
-            job.finish()
+            if not self.alone:
+                job.finish()
             if not self.rows:
                 self.gamma = self.plan = None
             raise
@@ -192,19 +224,24 @@ class Engine:
         return True
 
     def _start(self, job: Job) -> None:
-        scheduler = self.pipe.scheduler
-        self.gamma = scheduler.batch_gamma(job, max(self.expected_rows, 1))
+        self.gamma = self.scheduler.batch_gamma(job, max(self.expected_rows, 1))
         self._plan_record = dict(job.stats.plan)
         self.plan = None
         if isinstance(self.gamma, AutoGamma):
             self.plan = self.gamma.plan(parallel=False, prior=getattr(job, "alpha_prior", None))
-        self.rewrite = chain_rewrite(self.pipe.drafter) if self.drafting else None
+        self.rewrite = chain_rewrite(self.pipe.drafter) if self.drafting and not self.alone else None
 
     @property
     def drafting(self) -> bool:
         return self.plan is not None or (isinstance(self.gamma, int) and self.gamma > 0)
 
     def _join(self, job: Job, target: KVSession, draft: KVSession | None) -> None:
+        if self.alone:  # p's curve is measured once per schedule, on one row's own session
+            self.solo = _Solo(job, target, job.draft_side() if draft is not None else None)
+            if self.plan is not None:
+                self.plan.auto.calibrate(target, job.prefix())
+            self.rows.append(_Row(job, None))
+            return
         pipe, sessions = self.pipe, [target] + ([draft] if draft is not None else [])
         if self.target is None:
             self.target = BatchedCache([target], *_packing(pipe, "target", pipe.target))
@@ -238,7 +275,7 @@ class Engine:
         left = [self.rows[i] for i in gone]
         self.rows = [self.rows[i] for i in keep]
         if not self.rows:
-            self.target = self.draft = None
+            self.target = self.draft = self.solo = None
         else:
             for cache in (self.target, self.draft):
                 if cache is not None:
@@ -251,6 +288,10 @@ class Engine:
 
     def _finish(self, row: _Row) -> None:
         job = row.job
+        if self.alone:  # the caller finishes the job; its sessions book their own seconds
+            if self.plan is not None:
+                self.plan.book(job.stats)
+            return
         if row.error is not None:  # failed alone: the other rows go on
             job.error = row.error
             job.stats.notes.append(f"failed: {type(row.error).__name__}: {row.error}")
@@ -276,14 +317,13 @@ class Engine:
         if not self.rows:
             return []
         target, draft, rows = self.target, self.draft, self.rows
-        g = self.gamma if isinstance(self.gamma, int) else 0
-        if self.plan is not None:  # γ for all live rows: the most expected tokens/s of the batch
-            curve = self.plan.auto.batch_curve(target.rows, target.verify_curve)
-            g = self.plan.next(
-                [row.job.stats for row in rows], self.clock.per_forward(target.rows), target, curve
-            )
+        g = self.gamma if isinstance(self.gamma, int) else self._planned()
         wanted = [g if row.gamma is None else row.gamma for row in rows]  # 0: the target alone
         gammas = [min(w, row.job.remaining - 1) for w, row in zip(wanted, rows)]  # as batch 1 clamps
+        if self.solo is not None:
+            self.solo.round(gammas[0] if wanted[0] else None)
+            self.rounds += 1
+            return self._leave([0]) if rows[0].job.done else []
         proposals: list[DraftProposal | None] = [None] * len(rows)
         if any(wanted):
             t0, f0 = draft.seconds, draft.forwards
@@ -309,6 +349,19 @@ class Engine:
                 cache.maybe_compact()
         return []
 
+    def _planned(self) -> int:
+        """The plan's γ for this round, for all live rows: the most expected tokens/s of the batch."""
+        rows = self.rows
+        if self.solo is not None:  # one row on its own sessions: p's calibrated one-row curve
+            side = self.solo.side
+            t_draft = None if side is None else side.seconds_per_forward
+            return self.plan.next(rows[0].job.stats, t_draft, self.solo.target)
+        target = self.target
+        curve = self.plan.auto.batch_curve(target.rows, target.verify_curve)
+        return self.plan.next(
+            [row.job.stats for row in rows], self.clock.per_forward(target.rows), target, curve
+        )
+
     def run(self, jobs: Iterable[Job]) -> None:
         """Add every job, then step until none is live; every job is finished, even on an error."""
         pending = list(jobs)
@@ -329,6 +382,16 @@ class Engine:
             raise
 
 
+def decode_alone(scheduler: Any, job: Job) -> None:
+    """Decode `job` alone on the engine loop (a sequential schedule's `Scheduler.run`): a batch of
+    one on the job's own sessions and drafter, γ from `scheduler.batch_gamma(job, 1)`. The job is
+    left for the caller to finish, as `Scheduler.run` leaves it."""
+    engine = Engine(job.pipeline, scheduler=scheduler, alone=True)
+    if engine.add(job):
+        while engine.rows:
+            engine.step()
+
+
 def _draft(
     draft: BatchedCache,
     rows: Sequence[_Row],
@@ -345,8 +408,7 @@ def _draft(
             blocks.append([])
             continue
         emitted = row.job.tokens
-        # q's logits after the last emitted token are needed: it is fed again if q has it already
-        common = min(common_prefix(row.draft_generated, emitted), len(emitted) - 1)
+        common = catch_up(row.draft_generated, emitted, logits_kept=False)  # the stack keeps no logits
         draft.rollback(b, draft.lengths[b] - (len(row.draft_generated) - common))
         del row.draft_generated[common:]
         blocks.append(emitted[common:])

@@ -65,6 +65,20 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def catch_up(consumed: Sequence[int], emitted: Sequence[int], logits_kept: bool) -> int:
+    """How many of the tokens a session consumed after its prompt it keeps, now that the tokens after
+    the prompt are `emitted`; it then rolls back to them and feeds `emitted[kept:]`, whose last logits
+    draft the next token (the one catch-up of `ModelSession.sync` and of a batch's draft rows).
+
+    That is their common prefix, less one where nothing would be fed and the logits after the last
+    kept token are gone: a rollback drops them (the prompt's are kept), and `logits_kept` says
+    whether the session holds them now."""
+    common = common_prefix(consumed, emitted)
+    if common and common == len(emitted) and not (logits_kept and common == len(consumed)):
+        return common - 1  # fed again for its logits
+    return common
+
+
 class ModelSession(ABC):
     """One model with its KV cache, fed token by token after its prefill.
 
@@ -151,13 +165,10 @@ class ModelSession(ABC):
     def sync(self, prefix: torch.Tensor) -> torch.Tensor:  # prefix [T] -> logits [V]
         """Roll back to the longest common prefix with `prefix`, feed the rest, return the last logits."""
         new = prefix[self.prompt_length :].tolist()
-        common = common_prefix(self.generated, new)
-        self.rollback(self.prompt_length + common)
-        if common < len(new):
-            self.forward(torch.tensor(new[common:], dtype=torch.long))
-        elif self.last_logits is None:  # rolled back onto a token whose logits were dropped: redo it
-            self.rollback(self.prompt_length + common - 1)
-            self.forward(torch.tensor(new[common - 1 : common], dtype=torch.long))
+        kept = catch_up(self.generated, new, self.last_logits is not None)
+        self.rollback(self.prompt_length + kept)
+        if kept < len(new):
+            self.forward(torch.tensor(new[kept:], dtype=torch.long))
         return self.last_logits
 
     def close(self) -> None:  # noqa: B027 - optional hook
@@ -327,7 +338,9 @@ class Scheduler(Component):
 
     @abstractmethod
     def run(self, job: Job) -> None:
-        """Drive `job` until `job.done`, emitting tokens through `job.emit`."""
+        """Drive `job` until `job.done`, emitting tokens through `job.emit`. A schedule with a batched
+        form can run the job on the engine loop as a batch of one: `hippo.engine.decode_alone(self,
+        job)`, as `serial` and `autoregressive` do."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release workers (processes, streams) held across generate calls."""

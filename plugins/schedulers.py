@@ -1,4 +1,7 @@
-"""The sequential schedules: the target alone, and vanilla (serial) speculative decoding."""
+"""The sequential schedules: the target alone, and vanilla (serial) speculative decoding.
+
+Both decode on the engine loop (`hippo.engine`): one job alone is a batch of one on its own sessions
+and drafter (`decode_alone`), and rows decoded together are a batch whose γ `batch_gamma` gives."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import attrs
 
 from hippo import hookimpl
 from hippo.cost import AutoGamma, costs_option
+from hippo.engine import decode_alone
 from hippo.interfaces import Scheduler
 from hippo.job import DecodeJob
 from hippo.validators import gamma_option
@@ -18,9 +22,7 @@ class AutoregressiveScheduler(Scheduler):
     batches = True
 
     def run(self, job: DecodeJob) -> None:
-        target = job.prefill_target()
-        while not job.done:
-            job.target_step(target)
+        decode_alone(self, job)
 
     def batch_gamma(self, job: DecodeJob, rows: int) -> int:
         return 0
@@ -51,25 +53,7 @@ class SerialScheduler(Scheduler):
         return self.config.gamma if self.auto is None else self.auto
 
     def run(self, job: DecodeJob) -> None:
-        target = job.prefill_target()
-        job.first_token(target)
-        if job.done:
-            return
-        draft = job.draft_side()
-        plan = None
-        if self.auto is not None:
-            self.auto.calibrate(target, job.prefix())  # once per pipeline
-            plan = self.auto.plan(prior=job.alpha_prior)
-        while not job.done:
-            gamma = (
-                self.config.gamma if plan is None else plan.next(job.stats, draft.seconds_per_forward, target)
-            )
-            if gamma == 0:  # the target alone; the draft catches up when it next proposes
-                job.target_step(target)
-            else:
-                job.verify_round(target, draft.propose(job.prefix(), min(gamma, job.remaining - 1)))
-        if plan is not None:
-            plan.book(job.stats)
+        decode_alone(self, job)
 
 
 @hookimpl

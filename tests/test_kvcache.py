@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.cache_utils import DynamicLayer
 
+from hippo.interfaces import ModelSession, catch_up, common_prefix
 from hippo.kvcache import MIN_ROOM, SlabLayer, fit_cache, fork_cache, keep_rows, slab_cache
 from hippo.testing import models as hm
 
@@ -120,3 +121,70 @@ def test_a_prefill_of_known_length_allocates_its_slab_once_and_is_kept_without_a
     _append(fork.layers[0], 3, 2)
     assert fork.layers[0].keys.shape[2] == 15 and fork.layers[0].keys.data_ptr() != pointer
     assert torch.equal(layer.keys, keys)
+
+
+class _Toy(ModelSession):
+    """A session whose logits after each token are a function of the whole sequence so far, so a
+    wrong catch-up (a token kept that should have gone, or a missing refeed) shows in the logits."""
+
+    V = 7
+
+    def __init__(self, prompt: list[int]):
+        self.seq, self.prompt_length, self.length = list(prompt), len(prompt), len(prompt)
+        self.generated, self.fed = [], []
+        self.prompt_logits = self.last_logits = _toy_logits(prompt)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [k] -> [k, V]
+        out = []
+        self.fed.append(tokens.tolist())
+        for t in tokens.tolist():
+            self.seq.append(t)
+            self.generated.append(t)
+            out.append(_toy_logits(self.seq))
+        self.length = len(self.seq)
+        self.last_logits = out[-1]
+        return torch.stack(out)
+
+    def rollback(self, length: int) -> None:
+        if length < self.length:
+            del self.seq[length:]
+            del self.generated[length - self.prompt_length :]
+            self.last_logits = self.prompt_logits if length == self.prompt_length else None
+        self.length = length
+
+
+def _toy_logits(seq: list[int]) -> torch.Tensor:  # -> [V]
+    g = torch.Generator().manual_seed(hash(tuple(seq)) % (2**31))
+    return torch.randn(_Toy.V, generator=g)
+
+
+@given(
+    prompt=st.lists(st.integers(0, 6), min_size=1, max_size=4),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["sync", "forward", "rollback"]), st.lists(st.integers(0, 2), max_size=5)),
+        min_size=1,
+        max_size=12,
+    ),
+)
+@settings(max_examples=200, deadline=None)
+def test_sync_catches_up_to_any_prefix_with_the_logits_after_it(prompt, ops):
+    """After any forwards and rollbacks, `sync(prefix)` (`catch_up`: keep the common prefix, refeed
+    the last token where its logits were dropped) leaves the session holding exactly `prefix`, with
+    the logits a session fed `prefix` from scratch has; it feeds nothing it keeps."""
+    s, emitted = _Toy(prompt), []
+    for op, toks in ops:
+        if op == "forward" and toks:
+            s.forward(torch.tensor(toks))
+        elif op == "rollback":
+            s.rollback(s.prompt_length + min(len(toks), len(s.generated)))
+        else:
+            emitted = emitted[: len(toks)] + toks  # a round keeps some of the tokens and adds others
+            prefix = torch.tensor(prompt + emitted)
+            s.fed.clear()
+            before = list(s.generated)
+            kept = catch_up(before, emitted, s.last_logits is not None)
+            logits = s.sync(prefix)
+            assert s.seq == prompt + emitted
+            torch.testing.assert_close(logits, _toy_logits(prompt + emitted), rtol=0, atol=0)
+            assert sum(map(len, s.fed)) == len(emitted) - kept  # only what it did not keep
+            assert kept >= common_prefix(before, emitted) - 1  # it refeeds one token at most

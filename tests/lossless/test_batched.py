@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import hippo
 import hippo.stacked as hst
+from hippo.engine import Engine, decode_alone
 from hippo.errors import UnsupportedError
 from hippo.padded import pad_rows
 from hippo.testing import batch as batch_check
@@ -21,6 +22,7 @@ from hippo.testing import models as hm
 from hippo.testing import params as hp
 from hippo.testing import reference as hr
 from hippo.testing import strategies as hs
+from hippo.testing.drafters import registered
 from hippo.testing.sampling import BATCHED, config_check
 
 ADAPTERS = hp.adapter_params()
@@ -559,3 +561,70 @@ def test_a_batch_of_one_crops_what_it_rolls_back_and_runs_without_a_mask(monkeyp
     got = cache.forward([[9, 4], [3]])
     torch.testing.assert_close(got[0], alone.forward(torch.tensor([9, 4])), rtol=0, atol=1e-12)
     assert masks == [False, False, True]
+
+
+class EveryThird(hippo.Scheduler):
+    """A third-party schedule with a batched form: γ = 3 in every round, alone or in a batch, decoded
+    on the engine loop both ways (`decode_alone` is its whole `run`)."""
+
+    batches = True
+
+    def batch_gamma(self, job, rows: int) -> int:
+        return 3
+
+    def run(self, job) -> None:
+        decode_alone(self, job)
+
+
+class EveryThirdPlugin:
+    @staticmethod
+    @hippo.hookimpl
+    def hippo_register_schedulers():
+        return {"every_third": EveryThird}
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_a_third_party_schedule_decodes_alone_and_batched_on_the_engine_loop(adapter, corrupting_drafter):
+    """A plugin's schedule that states its batched form (`batches`, `batch_gamma`) and runs one job
+    with `decode_alone`: `generate` and `generate_batch` both equal `target.generate` (float64), with
+    the same rounds alone as in the batch (a corrupted third draft token: partial and full rounds)."""
+    target = hm.tiny(adapter, "target")
+    prompts = fixed_prompts(adapter, target)
+    gens = [{"do_sample": False, "max_new_tokens": m} for m in (14, 6, 11)]
+    with registered(EveryThirdPlugin, "every-third", None):
+        pipe = (
+            hippo.PipelineBuilder()
+            .target(target)
+            .draft(target)
+            .selector("uniform", keep_ratio=0.5)
+            .drafter(corrupting_drafter, wrong=(0, 0, 1))
+            .scheduler("every_third")
+            .build()
+        )
+        assert pipe.can_batch()
+        batched = pipe.generate_batch([p.inputs for p in prompts], per_row=gens)
+        for out, p, gen in zip(batched, prompts, gens):
+            ref = hr.reference(target, p.inputs, **gen)
+            alone = pipe.generate(p.inputs, **gen)
+            hr.assert_same(alone, ref, p.length)
+            hr.assert_same(out, ref, p.length)
+            assert alone.stats.drafted_per_round == out.stats.drafted_per_round
+            assert alone.stats.accepted_per_round == out.stats.accepted_per_round
+            assert 3 in alone.stats.drafted_per_round and max(alone.stats.drafted_per_round) == 3
+            assert any(a < g for a, g in zip(alone.stats.accepted_per_round, alone.stats.drafted_per_round))
+
+
+def test_a_job_alone_runs_its_rounds_on_the_engine_loop(monkeypatch):
+    """`serial` and `autoregressive` decode one prompt with `Engine.step`, one call per round (a step
+    of the target alone being one), on the job's own sessions and drafter."""
+    target = hm.tiny("qwen2_5_vl", "target")
+    p = hm.Prompt.default("qwen2_5_vl", target)
+    steps: list[int] = []
+    real = Engine.step
+    monkeypatch.setattr(Engine, "step", lambda self: steps.append(len(self.rows)) or real(self))
+    for scheduler in ("serial", "autoregressive"):
+        steps.clear()
+        out = hr.build_pipeline(target, target, scheduler=scheduler).generate(p.inputs, max_new_tokens=9)
+        hr.assert_same(out, hr.reference(target, p.inputs, max_new_tokens=9), p.length)
+        rounds = out.stats.rounds if scheduler == "serial" else out.stats.new_tokens - 1
+        assert rounds > 1 and steps == [1] * rounds, scheduler
