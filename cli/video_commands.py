@@ -275,6 +275,13 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
         lines.append(f"plan: schedule {plan['schedule']}: {plan['why']}")
         lines.append(f"  predicted tokens/s: {_rates(plan['tokens_per_second'])}")
         lines.append(f"  if the draft were always right: {_rates(plan['tokens_per_second_if_always_right'])}")
+    keep = plan.get("keep")
+    if keep:
+        options = ", ".join(
+            f"{float(r):g}: {o['tokens_per_second']:.1f} tok/s at α {o['alpha']:.2f}"
+            for r, o in keep["options"].items()
+        )
+        lines.append(f"plan: the draft keeps {keep['ratio']:g} of the visual tokens (predicted {options})")
     g = plan.get("gamma")
     if g:
         lines.append(

@@ -132,6 +132,10 @@ class DecodeJob:
         #: the α a `gamma="auto"` plan of this job starts from (None: the plan's default, 1/2); a
         #: scheduler that runs the job through another one sets it (`auto`: its earlier jobs' α)
         self.alpha_prior: float | None = None
+        #: the share of the visual tokens the draft keeps, where a schedule chose it (`auto`'s
+        #: keep-ratio planner): the pipeline's selector at that ratio, 1.0 every token unscored;
+        #: None: the pipeline's selector as configured
+        self.keep_ratio: float | None = None
         #: what made this job fail in a batch while the other rows went on (`hippo.engine`), or None
         self.error: BaseException | None = None
         self._t0 = time.perf_counter()
@@ -214,12 +218,17 @@ class DecodeJob:
     @booked("target", "prune", seconds="seconds_pruning")
     def _select(self, encoded: Encoded, scorer: Scorer | None) -> torch.Tensor:  # -> [K]
         p, scores = self.pipeline, None
+        selector = p.selector
+        if self.keep_ratio is not None:
+            if self.keep_ratio >= 1.0:  # nothing pruned: no scoring either
+                return torch.arange(encoded.visual.n)
+            selector = selector.at_keep_ratio(self.keep_ratio) or selector
         if scorer is not None:
             ctx = ScoringContext(
                 adapter=p.target_adapter, encoded=encoded, target=self._target, memo=self.source.memo
             )
             scores = scorer.score(encoded.visual, ctx)
-        return p.selector.select(encoded.visual, scores, self.policy.generator)
+        return selector.select(encoded.visual, scores, self.policy.generator)
 
     def prune(self) -> torch.Tensor:  # -> [K] kept visual indices
         """The pipeline's pruning (scorer + selector), computed once per job."""
@@ -293,6 +302,7 @@ class DecodeJob:
             s.seconds_compile += self._target.seconds_compile
         if self._draft is not None:
             s.seconds_draft_decode = self._draft.seconds_decode
+            s.draft_forwards = self._draft.forwards
             s.seconds_compile += self._draft.seconds_compile
         for sess in (self._target, self._draft):
             if sess is not None:

@@ -20,13 +20,24 @@ Each job then gets the schedule of the most predicted tokens/s (`predict`):
   the early prefill takes p's compute (on 2 cores with one thread per model, `hippo bench --quick`:
   TTFT 0.41 s against pearl's 0.27 s). So a tie goes to hippo where q and p are on different devices,
   and to pearl where they share one;
-at the α seen in this pipeline's earlier jobs (1/2 before the first). The chosen drafting schedule
+at the α seen in this pipeline's earlier jobs (1/2 before the first).
+
+The keep ratio (`keep_ratios`, where the pipeline's selector has one): each job's draft keeps the
+share of the visual tokens with the most predicted tokens/s, from the draft's step time against the
+tokens it attends to (`draft_seconds`: a line through the steps measured at each ratio on the first
+job and the steps of each later job, so it follows the video's length) and the α seen at that ratio.
+A ratio not tried yet is predicted at the α of the nearest larger ratio tried (fewer tokens cannot
+help the draft; 1 where none larger was tried), so it is tried once where it could pay. The first
+job keeps the selector's own ratio, and a ratio is kept over a larger one only where it is predicted
+`KEEP_MARGIN` faster: nothing is pruned where pruning does not pay (short videos, where the draft's
+step is per-operation overhead). The chosen drafting schedule
 runs with `gamma="auto"` on the cached curve, so it still re-chooses γ each round, γ = 0 (the target
 alone) included. `Stats.plan` records the choice and each option's prediction.
 
 A batch (`Pipeline.generate_batch`, `Pipeline.map`, `hippo batch`) runs `serial` with γ re-chosen each
 round for all its rows on t_verify(B, k) measured on the batch (`batch_gamma`), or the target alone
-where even an always-right draft loses: the parallel schedules have no batched form.
+where even an always-right draft loses: the parallel schedules have no batched form. A batch's rows
+keep the selector's own ratio.
 """
 
 from __future__ import annotations
@@ -61,12 +72,19 @@ from hippo.plugins.auto_executor import choose as choose_executor
 from hippo.plugins.auto_executor import usable_cores
 from hippo.registry import lookup
 from hippo.validators import positive_int
+from hippo.visual import budget
 
 #: the drafting schedules `auto` may run, in order of preference on equal predictions: hippo before
 #: pearl where the draft has a device of its own (`own_device`), pearl before hippo where it has not
 DRAFTING = ("serial", "hippo", "pearl")
 #: the cache's format; a file of another version is measured again
-VERSION = 1
+VERSION = 2
+#: the keep ratios `auto` plans among where the pipeline's selector has one (1.0: nothing pruned)
+KEEP_RATIOS = (1.0, 0.25, 0.1, 0.05)
+#: a keep ratio is chosen over a larger one only where it is predicted this much faster
+KEEP_MARGIN = 0.03
+#: the draft steps of the latest jobs that `draft_seconds` fits (with the first job's calibration)
+LIVE_POINTS = 16
 #: environment variables that cap the instruction set of torch's, oneDNN's and MKL's kernels
 ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
@@ -129,11 +147,13 @@ def fingerprint(target: torch.nn.Module, draft: torch.nn.Module) -> dict[str, An
 
 @attrs.frozen
 class Costs:
-    """Measured seconds: t_verify(k) of p, and one step of q on all / the kept visual tokens."""
+    """Measured seconds: t_verify(k) of p, and one step of q on all / the kept visual tokens;
+    `draft_steps`: (tokens q attends to, seconds of its step) at each keep ratio measured."""
 
     verify: dict[int, float]
     draft_full: float
     draft_pruned: float
+    draft_steps: tuple[tuple[int, float], ...] = ()
 
     @property
     def curve(self) -> VerifyCurve:
@@ -143,15 +163,23 @@ class Costs:
         return {
             "verify": {str(k): v for k, v in self.verify.items()},
             "draft": [self.draft_full, self.draft_pruned],
+            "draft_steps": [list(p) for p in self.draft_steps],
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Costs:
         verify = {int(k): float(v) for k, v in d["verify"].items()}
         full, pruned = (float(x) for x in d["draft"])
-        if not verify or min(verify.values()) <= 0 or full <= 0 or pruned <= 0:
+        steps = tuple((int(n), float(t)) for n, t in d.get("draft_steps", ()))
+        if (
+            not verify
+            or min(verify.values()) <= 0
+            or full <= 0
+            or pruned <= 0
+            or any(t <= 0 for _, t in steps)
+        ):
             raise ValueError("non-positive seconds")
-        return cls(verify, full, pruned)
+        return cls(verify, full, pruned, steps)
 
 
 def load(path: Path, key: dict[str, Any]) -> Costs | None:
@@ -170,27 +198,53 @@ def save(path: Path, key: dict[str, Any], costs: Costs) -> None:
     os.replace(tmp, path)  # atomic: another process never reads half a file
 
 
-def measure(job: DecodeJob, gamma_max: int) -> Costs:
-    """Time p's forwards of 1, 2, 4, 8 and γ_max + 1 tokens and q's one-token step, on all and on the
-    kept visual tokens; every session ends as it began (the job then runs as usual)."""
+def measure(job: DecodeJob, gamma_max: int, keep_ratios: tuple[float, ...] = ()) -> Costs:
+    """Time p's forwards of 1, 2, 4, 8 and γ_max + 1 tokens and q's one-token step on all visual
+    tokens, on the kept ones and on those of each of `keep_ratios`; every session ends as it began
+    (the job then runs as usual)."""
     target = job.prefill_target()
     prefix = job.prefix()  # [T] the prompt
     widths = calibration_widths(gamma_max)
     verify = measure_verify_curve(target, prefix, widths, repeats=3).seconds
+    n = job.target_encoded().visual.n
+    text = prefix.shape[0] - n
+    keeps = {"full": None, "pruned": job.select(job.pipeline.scorer)}
+    chosen = job.keep_ratio
+    for r in keep_ratios:
+        if r < 1.0 and r != job.pipeline.selector.keep_ratio:  # that one is "pruned"
+            job.keep_ratio = r
+            keeps[r] = job.select(job.pipeline.scorer)
+    job.keep_ratio = chosen
     side = job.new_draft_side()
     try:
         draft = {}
-        for name, keep in (("full", None), ("pruned", job.prune())):
+        for name, keep in keeps.items():
             side.prefill(keep)
             draft[name] = measure_verify_curve(side.session, prefix, (1,), repeats=5)(1)
     finally:
         side.close()
-    return Costs(verify, draft["full"], draft["pruned"])
+    steps = [
+        (text + (n if keep is None else int(keep.shape[0])), draft[name]) for name, keep in keeps.items()
+    ]
+    return Costs(verify, draft["full"], draft["pruned"], tuple(steps))
 
 
-def predict(costs: Costs, alpha: float, overlap: bool, gamma_max: int) -> dict[str, float | None]:
-    """Predicted tokens/s of each schedule at acceptance α (None: not offered on this job)."""
-    curve, t_draft = costs.curve, costs.draft_pruned
+def draft_seconds(steps: list[tuple[int, float]], tokens: int) -> float:
+    """q's step attending to `tokens` tokens: the least-squares line through `steps` ((tokens,
+    seconds) pairs), its slope at least 0 (a step reads each token's keys and values once)."""
+    xs, ys = [float(n) for n, _ in steps], [t for _, t in steps]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var) if var > 0 else 0.0
+    return max(my + slope * (tokens - mx), min(ys) * 0.5)
+
+
+def predict(
+    costs: Costs, alpha: float, overlap: bool, gamma_max: int, t_draft: float | None = None
+) -> dict[str, float | None]:
+    """Predicted tokens/s of each schedule at acceptance α (None: not offered on this job), with q's
+    step `t_draft` (default: measured on the kept visual tokens)."""
+    curve, t_draft = costs.curve, costs.draft_pruned if t_draft is None else t_draft
     serial = rates(curve, alpha, t_draft, False, gamma_max)
     parallel = max(rates(curve, alpha, t_draft, True, gamma_max)[1:]) if overlap else None
     return {
@@ -208,6 +262,21 @@ def own_device(job: DecodeJob) -> bool:
     return p.draft_adapter.device != p.target_adapter.device
 
 
+def _steps(value: Any) -> tuple[tuple[int, float], ...]:
+    try:
+        steps = tuple((int(n), float(t)) for n, t in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"draft_steps must be (tokens, seconds) pairs, got {value!r}") from None
+    if any(n < 0 or t <= 0 for n, t in steps):
+        raise ValueError(f"draft_steps need tokens >= 0 and positive seconds, got {value!r}")
+    return steps
+
+
+def _ratios(instance: Any, attribute: attrs.Attribute, value: tuple) -> None:
+    if not all(isinstance(r, int | float) and 0 < r <= 1 for r in value):
+        raise ValueError(f"{attribute.name} must be keep ratios in (0, 1], got {value!r}")
+
+
 class AutoScheduler(Scheduler):
     """Measures the machine once, then runs each job with the schedule predicted fastest (module doc)."""
 
@@ -218,6 +287,11 @@ class AutoScheduler(Scheduler):
         #: fixed costs instead of measuring them, as serial/pearl/hippo take them:
         #: {"verify": {k: seconds}, "draft": seconds per draft step} (the cache is then not used)
         costs: dict | None = attrs.field(default=None, validator=costs_option)
+        #: the keep ratios a job's draft may get (module doc); () keeps the selector's own
+        keep_ratios: tuple = attrs.field(default=KEEP_RATIOS, converter=tuple, validator=_ratios)
+        #: with `costs`: q's step against the tokens it attends to, ((tokens, seconds), ...), for the
+        #: keep-ratio planner (without it q's step is `costs["draft"]` at every ratio)
+        draft_steps: tuple = attrs.field(default=(), converter=_steps)
 
     def __init__(self, config=None):
         super().__init__(config)
@@ -226,8 +300,10 @@ class AutoScheduler(Scheduler):
             curve, draft = fixed_costs(self.config.costs)
             if draft is None:
                 raise ConfigError('scheduler "auto": fixed costs need the draft\'s seconds too ("draft")')
-            self.costs = Costs(curve.seconds, draft, draft)
+            self.costs = Costs(curve.seconds, draft, draft, self.config.draft_steps)
         self.acceptance = Acceptance()  # across this pipeline's jobs
+        self.by_keep: dict[float, Acceptance] = {}  # α across the jobs at each keep ratio
+        self.draft_steps: list[tuple[int, float]] = []  # the latest jobs' (tokens q attends to, step)
         self._schedulers: dict[str, Scheduler] = {}
         self._batches: AutoGamma | None = None
 
@@ -239,7 +315,7 @@ class AutoScheduler(Scheduler):
             path = Path(self.config.cache_dir or default_cache_dir()) / f"{name}.json"
             self.costs = load(path, key)
             if self.costs is None:
-                self.costs = measure(job, self.config.gamma_max)
+                self.costs = measure(job, self.config.gamma_max, self._ratios(job) or ())
                 save(path, key, self.costs)
         return self.costs
 
@@ -258,9 +334,11 @@ class AutoScheduler(Scheduler):
         parallel schedules have no batched form: q and p take turns)."""
         costs, g = self._costs(job), self.config.gamma_max
         overlap = not batch and choose_executor(job, usable_cores()) != ("inline", {"overlap": "off"})
-        alpha = self.acceptance.alpha
-        now = predict(costs, alpha, overlap, g)
-        best_case = predict(costs, 1.0, overlap, g)
+        keep = None if batch else self._keep(job, costs, overlap)
+        alpha = self.acceptance.alpha if keep is None else keep["alpha"]
+        t_draft = None if keep is None else keep["t_draft"]
+        now = predict(costs, alpha, overlap, g, t_draft)
+        best_case = predict(costs, 1.0, overlap, g, t_draft)
         order = DRAFTING if own_device(job) else ("serial", "pearl", "hippo")
         offered = [n for n in order if now[n] is not None]
         if max(best_case[n] for n in offered) < now["autoregressive"]:
@@ -288,12 +366,71 @@ class AutoScheduler(Scheduler):
         }
         if batch:
             record["batch"] = batch
+        if keep is not None:
+            record["keep"] = keep
         return name, record
+
+    # ---- the keep ratio -------------------------------------------------------------------------
+    def _ratios(self, job: DecodeJob) -> list[float] | None:
+        """The keep ratios this job's draft may get, largest first (None: the selector's own)."""
+        own = job.pipeline.selector.keep_ratio
+        if not self.config.keep_ratios or own is None:
+            return None
+        return sorted({*self.config.keep_ratios, own}, reverse=True)
+
+    def _seen(self, ratio: float) -> float | None:
+        a = self.by_keep.get(ratio)
+        return None if a is None else a.alpha
+
+    def _alpha_at(self, ratio: float, ratios: list[float]) -> float | None:
+        """α predicted at `ratio` (None: not a candidate yet): the α seen there; untried, the α of the
+        nearest larger ratio tried (an upper bound), or halfway from the nearest smaller one's to 1;
+        before any job, the pipeline's α (the first job's candidates are the selector's own ratio and
+        larger ones)."""
+        seen = self._seen(ratio)
+        if seen is not None:
+            return seen
+        larger = [self._seen(r) for r in sorted(r for r in ratios if r > ratio)]
+        larger = [a for a in larger if a is not None]
+        if larger:
+            return larger[0]
+        smaller = [self._seen(r) for r in sorted((r for r in ratios if r < ratio), reverse=True)]
+        smaller = [a for a in smaller if a is not None]
+        if smaller:
+            return smaller[0] + (1.0 - smaller[0]) / 2
+        return None
+
+    def _keep(self, job: DecodeJob, costs: Costs, overlap: bool) -> dict[str, Any] | None:
+        """The job's keep ratio and the record of why (None where the planner is off); sets it on the
+        job (`DecodeJob.keep_ratio`)."""
+        ratios = self._ratios(job)
+        if ratios is None:
+            return None
+        own, g = job.pipeline.selector.keep_ratio, self.config.gamma_max
+        n = job.target_encoded().visual.n
+        text = job.prompt_ids.shape[0] - n
+        live = self.draft_steps if self.config.costs is None else []  # fixed costs are the whole model
+        steps = [*costs.draft_steps, *live] or [(text + budget(n, own), costs.draft_pruned)]
+        fresh = not self.by_keep
+        options: dict[float, dict[str, float]] = {}
+        for r in ratios:
+            alpha = self.acceptance.alpha if fresh and r >= own else self._alpha_at(r, ratios)
+            if alpha is None:
+                continue
+            t = draft_seconds(steps, text + (n if r >= 1.0 else budget(n, r)))
+            drafting = [v for k, v in predict(costs, alpha, overlap, g, t).items() if k != "autoregressive"]
+            options[r] = {"alpha": alpha, "t_draft": t, "tokens_per_second": max(v for v in drafting if v)}
+        best = next(iter(options))  # the largest; a smaller one must be KEEP_MARGIN faster
+        for r, o in options.items():
+            if o["tokens_per_second"] > options[best]["tokens_per_second"] * (1 + KEEP_MARGIN):
+                best = r
+        job.keep_ratio = best
+        return {"ratio": best, **options[best], "options": {str(r): o for r, o in options.items()}}
 
     def run(self, job: DecodeJob) -> None:
         name, record = self.choose(job)
         job.stats.plan.update(record)
-        job.alpha_prior = self.acceptance.alpha
+        job.alpha_prior = record["keep"]["alpha"] if "keep" in record else self.acceptance.alpha
         self._scheduler(name).run(job)
         self._carry(job)
 
@@ -313,9 +450,21 @@ class AutoScheduler(Scheduler):
         self._carry(job)
 
     def _carry(self, job: DecodeJob) -> None:
-        """Count the job's rounds in the α the pipeline's next job starts from."""
-        self.acceptance.update(job.stats)
+        """Count the job's rounds in the α the pipeline's next job starts from, and in the α and the
+        draft step of its keep ratio."""
+        s = job.stats
+        self.acceptance.update(s)
         self.acceptance.seen = 0
+        if job.keep_ratio is not None and s.rounds:
+            a = self.by_keep.setdefault(job.keep_ratio, Acceptance.starting_at(self.acceptance.alpha))
+            a.update(s)
+            a.seen = 0
+        if s.draft_forwards and s.seconds_draft_decode > 0:  # q stepped on this thread
+            tokens = job.prompt_ids.shape[0] - s.visual_tokens + s.kept_visual_tokens
+            self.draft_steps = [
+                *self.draft_steps[1 - LIVE_POINTS :],
+                (tokens, s.seconds_draft_decode / s.draft_forwards),
+            ]
 
     def _batch_gamma(self) -> AutoGamma:
         """The batches' γ chooser, kept across batches (its t_verify(B, k) per batch size B): the

@@ -29,6 +29,9 @@ TIMING_NAMES = ("target_prefill", "target_forward", "draft_prefill", "draft_forw
 #: fixed costs for a scheduler that plans itself: verifying is flat and drafting nearly free, so it
 #: drafts (its switches to the target alone are tested with their own costs in test_planner.py)
 DRAFTING_PAYS = {"verify": {1: 1e-3, 17: 1e-3}, "draft": 1e-6}
+#: and for `auto`'s keep-ratio planner, a draft step that grows with the tokens it attends to, so
+#: that pruning pays and the planner tries smaller keep ratios from job to job
+PRUNING_PAYS = ((0, 1e-5), (1000, 1e-3))
 _PROMPTS: dict[tuple, Prompt] = {}
 
 
@@ -165,7 +168,7 @@ class Case:
         b.verifier(verifier)
         auto = options_for("schedulers", scheduler, gamma=self.gamma)
         if not auto:  # a scheduler that plans its own γ (`auto`): costs under which drafting pays
-            auto = options_for("schedulers", scheduler, costs=DRAFTING_PAYS)
+            auto = options_for("schedulers", scheduler, costs=DRAFTING_PAYS, draft_steps=PRUNING_PAYS)
         if "executor" in options_for("schedulers", scheduler, executor="x"):
             auto.update(self.executor_options(executor))
         return b.scheduler(scheduler, **{**auto, **scheduler_options})

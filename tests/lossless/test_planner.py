@@ -24,10 +24,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hippo
+from hippo.cli.video_commands import plan_lines
 from hippo.cost import (
     BACKOFF_MAX,
     BACKOFF_START,
     GAMMA_START,
+    Acceptance,
     AutoGamma,
     GammaPlan,
     VerifyCurve,
@@ -36,6 +38,7 @@ from hippo.cost import (
 )
 from hippo.errors import ConfigError
 from hippo.interfaces import Drafter
+from hippo.plugins.auto_scheduler import draft_seconds
 from hippo.proposal import DraftProposal
 from hippo.registry import lookup
 from hippo.testing import models as hm
@@ -45,6 +48,7 @@ from hippo.testing.drafters import corrupting_plugin
 from hippo.testing.prefill import shared_prefill
 from hippo.testing.sampling import SWITCHING, LawCheck, generation, sampling_case, target_law
 from hippo.types import Stats
+from hippo.visual import budget
 
 ADAPTER = "qwen2_5_vl"
 NEW = 64
@@ -390,9 +394,7 @@ def test_auto_is_lossless_and_says_what_it_chose(auto_scheduler, tmp_path):
         assert plan["schedule"] == "autoregressive" or options[plan["schedule"]] == max(drafting)
         assert plan["costs"]["t_decode"] > 0 and plan["costs"]["draft_pruned"] > 0
     assert json.loads(json.dumps(out.stats.as_dict()))["plan"]["schedule"] == plan["schedule"]
-    from hippo.cli.video_commands import plan_lines  # what `hippo generate -v` prints
-
-    lines = plan_lines(plan)
+    lines = plan_lines(plan)  # what `hippo generate -v` prints
     assert lines[0] == f"plan: schedule {plan['schedule']}: {plan['why']}"
     assert "predicted tokens/s: autoregressive " in lines[1]
     assert len(list(tmp_path.glob("*.json"))) == 1
@@ -406,7 +408,8 @@ def test_auto_costs_are_measured_once_per_machine_and_pair(auto_scheduler, tmp_p
     hr.assert_same(_auto_pipeline(target, draft, tmp_path).generate(p.inputs, **gen), ref, p.length)
     (path,) = tmp_path.glob("*.json")
     cached = json.loads(path.read_text())
-    assert cached["key"]["torch"] == torch.__version__ and set(cached["costs"]) == {"verify", "draft"}
+    assert cached["key"]["torch"] == torch.__version__
+    assert set(cached["costs"]) == {"verify", "draft", "draft_steps"}
 
     calls = []
     real = auto_scheduler.measure
@@ -656,3 +659,82 @@ def test_a_shrinking_batch_interpolates_its_verify_curve():
         assert four(k) == pytest.approx(auto.curve(k) + 3 / 7 * (eight(k) - auto.curve(k)))
     auto.batch_curve(9, measure)  # above every size known: measured
     assert len(measured) == 2 and set(auto.batch_curves) == {8, 9}
+
+
+def _planning(target, draft, cache_dir, steps, **options):
+    """`auto` on fixed costs under which drafting pays, with q's step against the tokens it reads."""
+    b = hippo.PipelineBuilder().target(target).draft(draft).selector("uniform", keep_ratio=0.5)
+    costs = {"verify": {1: 1e-3, 17: 1e-3}, "draft": 1e-4}
+    return b.scheduler("auto", cache_dir=str(cache_dir), costs=costs, draft_steps=steps, **options).build()
+
+
+def _kept(out, ratio: float) -> int:
+    n = out.stats.visual_tokens
+    return n if ratio >= 1.0 else budget(n, ratio)
+
+
+def test_auto_plans_the_keep_ratio_job_by_job(auto_scheduler, tmp_path):
+    """q's step grows with the tokens it attends to, so pruning pays: the first job keeps the
+    selector's own ratio, later ones try smaller ratios at the α seen at larger ones. Every answer is
+    the target's (float64), and each job's draft kept the chosen share of the video."""
+    target = hm.tiny(ADAPTER, "target")
+    unit, words = hm.pixel_unit(target), hm.text_ids(target)
+    p = hm.Prompt(ADAPTER, target, (4, 6 * unit, 6 * unit), 0, words[3:6], words[7:9])  # 72 visual tokens
+    pipe = _planning(target, target, tmp_path, ((0, 1e-5), (100, 1e-3)))
+    gen = {"do_sample": False, "max_new_tokens": 12}
+    ref = hr.reference(target, p.inputs, **gen)
+    ratios = []
+    for _ in range(4):
+        out = pipe.generate(p.inputs, **gen)
+        hr.assert_same(out, ref, p.length)
+        keep = out.stats.plan["keep"]
+        ratios.append(keep["ratio"])
+        assert out.stats.kept_visual_tokens == _kept(out, keep["ratio"])
+        assert keep["options"][str(keep["ratio"])]["tokens_per_second"] == keep["tokens_per_second"]
+        assert any(line.startswith("plan: the draft keeps") for line in plan_lines(out.stats.plan))
+    assert ratios[0] == 0.5 and min(ratios[1:]) < 0.5, ratios
+    assert not list(tmp_path.glob("*.json"))  # fixed costs: nothing measured
+
+
+def test_auto_prunes_nothing_where_the_drafts_step_does_not_depend_on_the_tokens(auto_scheduler, tmp_path):
+    """A flat step (short videos, where q's step is per-operation overhead): the draft sees the whole
+    video, job after job."""
+    target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
+    p = hm.Prompt.default(ADAPTER, target)
+    pipe = _planning(target, draft, tmp_path, ((0, 1e-4), (1000, 1e-4)))
+    gen = {"do_sample": False, "max_new_tokens": 6}
+    for _ in range(3):
+        out = pipe.generate(p.inputs, **gen)
+        hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+        assert out.stats.plan["keep"]["ratio"] == 1.0
+        assert out.stats.kept_visual_tokens == out.stats.visual_tokens
+
+
+def test_auto_keeps_more_where_pruning_loses_acceptance(auto_scheduler, tmp_path):
+    """Where the draft was seen to fail at the smaller ratios, the planner keeps a larger one; with
+    `keep_ratios=()` it keeps the selector's own; a bad ratio is refused clearly."""
+    target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
+    p = hm.Prompt.default(ADAPTER, target)
+    steps = ((0, 1e-5), (100, 1e-3))
+    pipe = _planning(target, draft, tmp_path, steps)
+    pipe.scheduler.by_keep.update({r: Acceptance.starting_at(0.05) for r in (0.25, 0.1, 0.05)})
+    pipe.scheduler.by_keep[0.5] = Acceptance.starting_at(0.95)
+    gen = {"do_sample": False, "max_new_tokens": 6}
+    out = pipe.generate(p.inputs, **gen)
+    hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+    assert out.stats.plan["keep"]["ratio"] >= 0.5
+    own = _planning(target, draft, tmp_path, steps, keep_ratios=()).generate(p.inputs, **gen)
+    assert "keep" not in own.stats.plan and own.stats.kept_visual_tokens == budget(
+        own.stats.visual_tokens, 0.5
+    )
+    with pytest.raises(ConfigError, match="keep ratios"):
+        _planning(target, draft, tmp_path, steps, keep_ratios=(0.0,))
+    with pytest.raises(ConfigError, match="draft_steps"):
+        _planning(target, draft, tmp_path, ((1, -1.0),))
+
+
+def test_the_drafts_step_is_a_line_through_its_measured_steps():
+    steps = [(100, 1e-3), (1100, 2e-3), (600, 1.5e-3)]
+    assert draft_seconds(steps, 2100) == pytest.approx(3e-3)
+    assert draft_seconds([(100, 1e-3), (1100, 0.5e-3)], 5000) == pytest.approx(0.75e-3)  # slope >= 0
+    assert draft_seconds([(100, 1e-3)], 9000) == pytest.approx(1e-3)
