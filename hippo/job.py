@@ -291,6 +291,11 @@ class DecodeJob:
         if self.events is not None:
             self.events.add(side, what, t0, **fields)
 
+    @property
+    def draft_step_seconds(self) -> float | None:
+        """Mean seconds of a forward of the draft this thread ran (None: none ran here)."""
+        return None if self._draft is None else self._draft.seconds_per_forward
+
     def finish(self) -> None:
         s = self.stats
         s.new_tokens = len(self.tokens)
@@ -302,7 +307,6 @@ class DecodeJob:
             s.seconds_compile += self._target.seconds_compile
         if self._draft is not None:
             s.seconds_draft_decode = self._draft.seconds_decode
-            s.draft_forwards = self._draft.forwards
             s.seconds_compile += self._draft.seconds_compile
         for sess in (self._target, self._draft):
             if sess is not None:

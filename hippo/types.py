@@ -95,8 +95,6 @@ class Stats:
     seconds_draft_prefill: float = 0.0
     seconds_draft_decode: float = 0.0
     seconds_draft_overlapped: float = 0.0  # draft work done while the target was busy (hidden)
-    #: the draft's forward passes in `seconds_draft_decode`, where this thread drafted (0 elsewhere)
-    draft_forwards: int = 0
     seconds_compile: float = 0.0  # first forwards of compiled static-cache sessions (in the decode seconds)
     fallback: bool = False  # the draft failed and the target finished alone
     #: decoding steps of the target alone that `gamma="auto"` chose (γ = 0: drafting was losing)

@@ -456,15 +456,13 @@ class AutoScheduler(Scheduler):
         self.acceptance.update(s)
         self.acceptance.seen = 0
         if job.keep_ratio is not None and s.rounds:
-            a = self.by_keep.setdefault(job.keep_ratio, Acceptance.starting_at(self.acceptance.alpha))
+            a = self.by_keep.setdefault(job.keep_ratio, Acceptance())
             a.update(s)
             a.seen = 0
-        if s.draft_forwards and s.seconds_draft_decode > 0:  # q stepped on this thread
+        step = job.draft_step_seconds
+        if step:  # q stepped on this thread: its step against the tokens it attended to
             tokens = job.prompt_ids.shape[0] - s.visual_tokens + s.kept_visual_tokens
-            self.draft_steps = [
-                *self.draft_steps[1 - LIVE_POINTS :],
-                (tokens, s.seconds_draft_decode / s.draft_forwards),
-            ]
+            self.draft_steps = [*self.draft_steps[1 - LIVE_POINTS :], (tokens, step)]
 
     def _batch_gamma(self) -> AutoGamma:
         """The batches' γ chooser, kept across batches (its t_verify(B, k) per batch size B): the
