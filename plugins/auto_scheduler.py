@@ -22,7 +22,8 @@ Each job then gets the schedule of the most predicted tokens/s (`predict`):
   and to pearl where they share one;
 at the α seen in this pipeline's earlier jobs (1/2 before the first).
 
-The keep ratio (`keep_ratios`, where the pipeline's selector has one): each job's draft keeps the
+The keep ratio (opt-in: `keep_ratios`, e.g. `KEEP_RATIOS`, where the pipeline's selector has one;
+off by default, see below): each job's draft keeps the
 share of the visual tokens with the most predicted tokens/s, from the draft's step time against the
 tokens it attends to (`draft_seconds`: a line through the steps measured at each ratio on the first
 job and the steps of each later job, so it follows the video's length) and the α seen at that ratio.
@@ -30,7 +31,12 @@ A ratio not tried yet is predicted at the α of the nearest larger ratio tried (
 help the draft; 1 where none larger was tried), so it is tried once where it could pay. The first
 job keeps the selector's own ratio, and a ratio is kept over a larger one only where it is predicted
 `KEEP_MARGIN` faster: nothing is pruned where pruning does not pay (short videos, where the draft's
-step is per-operation overhead). The chosen drafting schedule
+step is per-operation overhead). It is not the default: its model leaves out the draft's prefill,
+which grows with the tokens kept and, at 8k visual tokens, costs more than the draft's steps
+saved over a short answer, and it carries each ratio's α across videos of any length, while a
+draft's acceptance at a ratio depends on the video (`hippo bench --long` on the long-video pair:
+after answering 576-token clips it kept the whole 8k video and decoded at 0.6x the target alone,
+against 1.7x for a fixed holistic 10%). The chosen drafting schedule
 runs with `gamma="auto"` on the cached curve, so it still re-chooses γ each round, γ = 0 (the target
 alone) included. `Stats.plan` records the choice and each option's prediction.
 
@@ -287,8 +293,9 @@ class AutoScheduler(Scheduler):
         #: fixed costs instead of measuring them, as serial/pearl/hippo take them:
         #: {"verify": {k: seconds}, "draft": seconds per draft step} (the cache is then not used)
         costs: dict | None = attrs.field(default=None, validator=costs_option)
-        #: the keep ratios a job's draft may get (module doc); () keeps the selector's own
-        keep_ratios: tuple = attrs.field(default=KEEP_RATIOS, converter=tuple, validator=_ratios)
+        #: the keep ratios a job's draft may get (module doc), e.g. `KEEP_RATIOS`; () (the default)
+        #: keeps the selector's own
+        keep_ratios: tuple = attrs.field(default=(), converter=tuple, validator=_ratios)
         #: with `costs`: q's step against the tokens it attends to, ((tokens, seconds), ...), for the
         #: keep-ratio planner (without it q's step is `costs["draft"]` at every ratio)
         draft_steps: tuple = attrs.field(default=(), converter=_steps)

@@ -38,7 +38,7 @@ from hippo.cost import (
 )
 from hippo.errors import ConfigError
 from hippo.interfaces import Drafter
-from hippo.plugins.auto_scheduler import draft_seconds
+from hippo.plugins.auto_scheduler import KEEP_RATIOS, draft_seconds
 from hippo.proposal import DraftProposal
 from hippo.registry import lookup
 from hippo.testing import models as hm
@@ -665,6 +665,7 @@ def _planning(target, draft, cache_dir, steps, **options):
     """`auto` on fixed costs under which drafting pays, with q's step against the tokens it reads."""
     b = hippo.PipelineBuilder().target(target).draft(draft).selector("uniform", keep_ratio=0.5)
     costs = {"verify": {1: 1e-3, 17: 1e-3}, "draft": 1e-4}
+    options = {"keep_ratios": KEEP_RATIOS, **options}
     return b.scheduler("auto", cache_dir=str(cache_dir), costs=costs, draft_steps=steps, **options).build()
 
 
@@ -712,7 +713,7 @@ def test_auto_prunes_nothing_where_the_drafts_step_does_not_depend_on_the_tokens
 
 def test_auto_keeps_more_where_pruning_loses_acceptance(auto_scheduler, tmp_path):
     """Where the draft was seen to fail at the smaller ratios, the planner keeps a larger one; with
-    `keep_ratios=()` it keeps the selector's own; a bad ratio is refused clearly."""
+    `keep_ratios=()`, the default, it keeps the selector's own; a bad ratio is refused clearly."""
     target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
     p = hm.Prompt.default(ADAPTER, target)
     steps = ((0, 1e-5), (100, 1e-3))
@@ -723,6 +724,9 @@ def test_auto_keeps_more_where_pruning_loses_acceptance(auto_scheduler, tmp_path
     out = pipe.generate(p.inputs, **gen)
     hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
     assert out.stats.plan["keep"]["ratio"] >= 0.5
+    b = hippo.PipelineBuilder().target(target).draft(draft).selector("uniform", keep_ratio=0.5)
+    default = b.scheduler("auto", cache_dir=str(tmp_path), costs={"verify": {1: 1e-3}, "draft": 1e-4}).build()
+    assert "keep" not in default.generate(p.inputs, **gen).stats.plan  # the planner is opt-in
     own = _planning(target, draft, tmp_path, steps, keep_ratios=()).generate(p.inputs, **gen)
     assert "keep" not in own.stats.plan and own.stats.kept_visual_tokens == budget(
         own.stats.visual_tokens, 0.5
