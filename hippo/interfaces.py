@@ -244,19 +244,6 @@ class Selector(Component):
     ) -> torch.Tensor:  # -> [K] long, ascending, unique, in [0, N)
         ...
 
-    @property
-    def keep_ratio(self) -> float | None:
-        """The share of the visual tokens it keeps, where its config has one (`keep_ratio`)."""
-        ratio = getattr(self.config, "keep_ratio", None)
-        return None if ratio is None else float(ratio)
-
-    def at_keep_ratio(self, ratio: float) -> Selector | None:
-        """This selector keeping `ratio` of the tokens instead (the `auto` schedule's keep-ratio
-        planner), or None where its config has no `keep_ratio`."""
-        if self.keep_ratio is None:
-            return None
-        return type(self)(attrs.evolve(self.config, keep_ratio=ratio))
-
 
 class Drafter(Component):
     """Proposes γ tokens continuing `prefix` with the draft model."""

@@ -29,6 +29,7 @@ from hippo.interfaces import (
     prefilling,
 )
 from hippo.types import Stats
+from hippo.visual import with_keep_ratio
 
 if TYPE_CHECKING:
     from hippo.interfaces import SessionKind
@@ -222,7 +223,7 @@ class DecodeJob:
         if self.keep_ratio is not None:
             if self.keep_ratio >= 1.0:  # nothing pruned: no scoring either
                 return torch.arange(encoded.visual.n)
-            selector = selector.at_keep_ratio(self.keep_ratio) or selector
+            selector = with_keep_ratio(selector, self.keep_ratio) or selector
         if scorer is not None:
             ctx = ScoringContext(
                 adapter=p.target_adapter, encoded=encoded, target=self._target, memo=self.source.memo

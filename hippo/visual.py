@@ -8,6 +8,7 @@ unless it says so.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import attrs
 import torch
@@ -32,6 +33,20 @@ class Video:
     @property
     def stop(self) -> int:
         return self.start + self.t * self.h * self.w
+
+
+def keep_ratio_of(selector: Any) -> float | None:
+    """The share of the visual tokens a selector keeps, where its config has one (`keep_ratio`)."""
+    ratio = getattr(getattr(selector, "config", None), "keep_ratio", None)
+    return None if ratio is None else float(ratio)
+
+
+def with_keep_ratio(selector: Any, ratio: float) -> Any:
+    """The selector keeping `ratio` of the tokens instead (the `auto` schedule's keep-ratio planner),
+    or None where its config has no `keep_ratio`."""
+    if keep_ratio_of(selector) is None:
+        return None
+    return type(selector)(attrs.evolve(selector.config, keep_ratio=ratio))
 
 
 def budget(n: int, ratio: float) -> int:

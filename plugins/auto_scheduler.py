@@ -78,7 +78,7 @@ from hippo.plugins.auto_executor import choose as choose_executor
 from hippo.plugins.auto_executor import usable_cores
 from hippo.registry import lookup
 from hippo.validators import positive_int
-from hippo.visual import budget
+from hippo.visual import budget, keep_ratio_of
 
 #: the drafting schedules `auto` may run, in order of preference on equal predictions: hippo before
 #: pearl where the draft has a device of its own (`own_device`), pearl before hippo where it has not
@@ -217,7 +217,7 @@ def measure(job: DecodeJob, gamma_max: int, keep_ratios: tuple[float, ...] = ())
     keeps = {"full": None, "pruned": job.select(job.pipeline.scorer)}
     chosen = job.keep_ratio
     for r in keep_ratios:
-        if r < 1.0 and r != job.pipeline.selector.keep_ratio:  # that one is "pruned"
+        if r < 1.0 and r != keep_ratio_of(job.pipeline.selector):  # that one is "pruned"
             job.keep_ratio = r
             keeps[r] = job.select(job.pipeline.scorer)
     job.keep_ratio = chosen
@@ -380,7 +380,7 @@ class AutoScheduler(Scheduler):
     # ---- the keep ratio -------------------------------------------------------------------------
     def _ratios(self, job: DecodeJob) -> list[float] | None:
         """The keep ratios this job's draft may get, largest first (None: the selector's own)."""
-        own = job.pipeline.selector.keep_ratio
+        own = keep_ratio_of(job.pipeline.selector)
         if not self.config.keep_ratios or own is None:
             return None
         return sorted({*self.config.keep_ratios, own}, reverse=True)
@@ -413,7 +413,7 @@ class AutoScheduler(Scheduler):
         ratios = self._ratios(job)
         if ratios is None:
             return None
-        own, g = job.pipeline.selector.keep_ratio, self.config.gamma_max
+        own, g = keep_ratio_of(job.pipeline.selector), self.config.gamma_max
         n = job.target_encoded().visual.n
         text = job.prompt_ids.shape[0] - n
         live = self.draft_steps if self.config.costs is None else []  # fixed costs are the whole model
