@@ -102,14 +102,9 @@ class DraftSide:
         return self._seconds_closed + (0.0 if self.session is None else self.session.seconds_decode)
 
     @property
-    def forwards(self) -> int:
-        """The draft's forward passes after its prefills."""
-        return self._forwards_closed + (0 if self.session is None else self.session.forwards)
-
-    @property
     def seconds_per_forward(self) -> float | None:
         """Mean seconds of one draft forward so far (None before the first)."""
-        forwards = self.forwards
+        forwards = self._forwards_closed + (0 if self.session is None else self.session.forwards)
         return self.seconds_decode / forwards if forwards else None
 
     @property

@@ -209,21 +209,21 @@ class DecodeJob:
         # after the scorer read the prefill (a static cache copies it)
         return target if sessions is None else sessions.open(target, self.max_new_tokens)
 
-    def select(self, scorer: Scorer | None) -> torch.Tensor:  # -> [K] kept visual indices
-        """Score with `scorer` (reading the target's prefill if it is done) and apply the selector."""
+    def select(self, scorer: Scorer | None, keep_ratio: float | None = None) -> torch.Tensor:  # -> [K]
+        """Score with `scorer` (reading the target's prefill if it is done) and apply the selector, at
+        `keep_ratio` where given (else the job's `keep_ratio`); the kept visual indices."""
         encoded = self.target_encoded()
-        keep = self._select(encoded, scorer)
+        keep = self._select(encoded, scorer, self.keep_ratio if keep_ratio is None else keep_ratio)
         self.stats.kept_visual_tokens = int(keep.shape[0])
         return keep
 
     @booked("target", "prune", seconds="seconds_pruning")
-    def _select(self, encoded: Encoded, scorer: Scorer | None) -> torch.Tensor:  # -> [K]
-        p, scores = self.pipeline, None
-        selector = p.selector
-        if self.keep_ratio is not None:
-            if self.keep_ratio >= 1.0:  # nothing pruned: no scoring either
-                return torch.arange(encoded.visual.n)
-            selector = with_keep_ratio(selector, self.keep_ratio) or selector
+    def _select(self, encoded: Encoded, scorer: Scorer | None, keep_ratio: float | None) -> torch.Tensor:
+        p, scores, selector = self.pipeline, None, self.pipeline.selector
+        if keep_ratio is not None:
+            if keep_ratio >= 1.0:  # nothing pruned: no scoring either
+                return torch.arange(encoded.visual.n)  # [N]
+            selector = with_keep_ratio(selector, keep_ratio) or selector
         if scorer is not None:
             ctx = ScoringContext(
                 adapter=p.target_adapter, encoded=encoded, target=self._target, memo=self.source.memo

@@ -22,23 +22,24 @@ Each job then gets the schedule of the most predicted tokens/s (`predict`):
   and to pearl where they share one;
 at the α seen in this pipeline's earlier jobs (1/2 before the first).
 
-The keep ratio (opt-in: `keep_ratios`, e.g. `KEEP_RATIOS`, where the pipeline's selector has one;
-off by default, see below): each job's draft keeps the
-share of the visual tokens with the most predicted tokens/s, from the draft's step time against the
-tokens it attends to (`draft_seconds`: a line through the steps measured at each ratio on the first
-job and the steps of each later job, so it follows the video's length) and the α seen at that ratio.
-A ratio not tried yet is predicted at the α of the nearest larger ratio tried (fewer tokens cannot
-help the draft; 1 where none larger was tried), so it is tried once where it could pay. The first
-job keeps the selector's own ratio, and a ratio is kept over a larger one only where it is predicted
-`KEEP_MARGIN` faster: nothing is pruned where pruning does not pay (short videos, where the draft's
-step is per-operation overhead). It is not the default: its model leaves out the draft's prefill,
-which grows with the tokens kept and, at 8k visual tokens, costs more than the draft's steps
-saved over a short answer, and it carries each ratio's α across videos of any length, while a
-draft's acceptance at a ratio depends on the video (`hippo bench --long` on the long-video pair:
-after answering 576-token clips it kept the whole 8k video and decoded at 0.6x the target alone,
-against 1.7x for a fixed holistic 10%). The chosen drafting schedule
-runs with `gamma="auto"` on the cached curve, so it still re-chooses γ each round, γ = 0 (the target
-alone) included. `Stats.plan` records the choice and each option's prediction.
+The keep ratio (opt-in: `keep_ratios`, e.g. `KEEP_RATIOS`, where the pipeline's selector has one):
+each job's draft keeps the share of the visual tokens with the most predicted tokens/s, from the
+draft's step against the tokens it attends to (`draft_seconds`: a line through the steps measured at
+each ratio on the first job and the live steps of later jobs, so it follows the video's length) and
+the α seen at that ratio. A ratio not tried yet is predicted at the α of the nearest larger ratio
+tried (fewer tokens cannot help the draft), else halfway from the nearest smaller one's α to 1, so it
+is tried once where it could pay. The first job keeps the selector's own ratio or a larger one, and a
+ratio is taken over a larger one only where it is predicted `KEEP_MARGIN` faster: nothing is pruned
+where pruning does not pay (short videos, where the draft's step is per-operation overhead). It is
+not the default: its model leaves out the draft's prefill, which grows with the tokens kept and, at
+8k visual tokens, costs more than the draft's steps save over a short answer, and it carries each
+ratio's α across videos of any length, while a draft's acceptance at a ratio depends on the video
+(`hippo bench --long` on the long-video pair: after answering 576-token clips it kept the whole 8k
+video and decoded at 0.6x the target alone, against 1.7x for a fixed holistic 10%).
+
+The chosen drafting schedule runs with `gamma="auto"` on the cached curve, so it still re-chooses γ
+each round, γ = 0 (the target alone) included. `Stats.plan` records the choice and each option's
+prediction.
 
 A batch (`Pipeline.generate_batch`, `Pipeline.map`, `hippo batch`) runs `serial` with γ re-chosen each
 round for all its rows on t_verify(B, k) measured on the batch (`batch_gamma`), or the target alone
@@ -214,13 +215,9 @@ def measure(job: DecodeJob, gamma_max: int, keep_ratios: tuple[float, ...] = ())
     verify = measure_verify_curve(target, prefix, widths, repeats=3).seconds
     n = job.target_encoded().visual.n
     text = prefix.shape[0] - n
-    keeps = {"full": None, "pruned": job.select(job.pipeline.scorer)}
-    chosen = job.keep_ratio
-    for r in keep_ratios:
-        if r < 1.0 and r != keep_ratio_of(job.pipeline.selector):  # that one is "pruned"
-            job.keep_ratio = r
-            keeps[r] = job.select(job.pipeline.scorer)
-    job.keep_ratio = chosen
+    scorer, own = job.pipeline.scorer, keep_ratio_of(job.pipeline.selector)
+    keeps = {"full": None, "pruned": job.select(scorer)}
+    keeps.update({r: job.select(scorer, r) for r in keep_ratios if r < 1.0 and r != own})  # own: "pruned"
     side = job.new_draft_side()
     try:
         draft = {}
@@ -397,15 +394,13 @@ class AutoScheduler(Scheduler):
         seen = self._seen(ratio)
         if seen is not None:
             return seen
-        larger = [self._seen(r) for r in sorted(r for r in ratios if r > ratio)]
-        larger = [a for a in larger if a is not None]
-        if larger:
-            return larger[0]
-        smaller = [self._seen(r) for r in sorted((r for r in ratios if r < ratio), reverse=True)]
-        smaller = [a for a in smaller if a is not None]
-        if smaller:
-            return smaller[0] + (1.0 - smaller[0]) / 2
-        return None
+        larger = (self._seen(r) for r in sorted(r for r in ratios if r > ratio))
+        upper = next((a for a in larger if a is not None), None)
+        if upper is not None:
+            return upper
+        smaller = (self._seen(r) for r in sorted((r for r in ratios if r < ratio), reverse=True))
+        lower = next((a for a in smaller if a is not None), None)
+        return None if lower is None else lower + (1.0 - lower) / 2
 
     def _keep(self, job: DecodeJob, costs: Costs, overlap: bool) -> dict[str, Any] | None:
         """The job's keep ratio and the record of why (None where the planner is off); sets it on the
