@@ -278,10 +278,14 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
     keep = plan.get("keep")
     if keep:
         options = ", ".join(
-            f"{float(r):g}: {o['tokens_per_second']:.1f} tok/s at α {o['alpha']:.2f}"
+            f"{float(r):g}: {o['answer_seconds']:.2f} s (prefill {o['t_prefill']:.2f} s, then "
+            f"{o['tokens_per_second']:.1f} tok/s at α {o['alpha']:.2f})"
             for r, o in keep["options"].items()
         )
-        lines.append(f"plan: the draft keeps {keep['ratio']:g} of the visual tokens (predicted {options})")
+        lines.append(
+            f"plan: the draft keeps {keep['ratio']:g} of the visual tokens (predicted for "
+            f"{keep['answer_tokens']} tokens: {options})"
+        )
     g = plan.get("gamma")
     if g:
         lines.append(

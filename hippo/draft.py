@@ -48,6 +48,8 @@ class DraftSide:
         self._forwards_closed = 0  # and their forward passes
         self._compile_closed = 0.0  # and their compiling seconds
         self.events: EventLog | None = None  # where to book its work (a timeline was asked for)
+        #: seconds of the latest prefill's forward (its vision encoding left out; None: none yet)
+        self.seconds_prefill: float | None = None
 
     def encoded(self) -> Encoded:
         if self._encoded is None:
@@ -66,6 +68,7 @@ class DraftSide:
             self.session = self.adapter.prefill(encoded, keep)
         if self.sessions is not None:
             self.session = self.sessions.open(self.session, self.new_tokens)
+        self.seconds_prefill = time.perf_counter() - t0
         if self.events is not None:
             self.events.add("draft", "prefill", t0)
         return self.session

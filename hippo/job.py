@@ -297,6 +297,12 @@ class DecodeJob:
         """Mean seconds of a forward of the draft this thread ran (None: none ran here)."""
         return None if self._draft is None else self._draft.seconds_per_forward
 
+    @property
+    def draft_prefill_seconds(self) -> float | None:
+        """Seconds of the latest draft prefill this thread ran, its vision encoding left out (None:
+        none ran here)."""
+        return None if self._draft is None else self._draft.seconds_prefill
+
     def finish(self) -> None:
         s = self.stats
         s.new_tokens = len(self.tokens)

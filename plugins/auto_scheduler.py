@@ -22,20 +22,20 @@ Each job then gets the schedule of the most predicted tokens/s (`predict`):
   and to pearl where they share one;
 at the α seen in this pipeline's earlier jobs (1/2 before the first).
 
-The keep ratio (opt-in: `keep_ratios`, e.g. `KEEP_RATIOS`, where the pipeline's selector has one):
-each job's draft keeps the share of the visual tokens with the most predicted tokens/s, from the
-draft's step against the tokens it attends to (`draft_seconds`: a line through the steps measured at
-each ratio on the first job and the live steps of later jobs, so it follows the video's length) and
-the α seen at that ratio. A ratio not tried yet is predicted at the α of the nearest larger ratio
-tried (fewer tokens cannot help the draft), else halfway from the nearest smaller one's α to 1, so it
-is tried once where it could pay. The first job keeps the selector's own ratio or a larger one, and a
-ratio is taken over a larger one only where it is predicted `KEEP_MARGIN` faster: nothing is pruned
-where pruning does not pay (short videos, where the draft's step is per-operation overhead). It is
-not the default: its model leaves out the draft's prefill, which grows with the tokens kept and, at
-8k visual tokens, costs more than the draft's steps save over a short answer, and it carries each
-ratio's α across videos of any length, while a draft's acceptance at a ratio depends on the video
-(`hippo bench --long` on the long-video pair: after answering 576-token clips it kept the whole 8k
-video and decoded at 0.6x the target alone, against 1.7x for a fixed holistic 10%).
+The keep ratio (`keep_ratios`, by default `KEEP_RATIOS`; `()` keeps the selector's own), where the
+pipeline's selector has one: each job's draft keeps the share of the visual tokens that answers
+soonest, counting q's prefill on the kept tokens, then the answer the job is expected to give (the
+mean length of the latest answers) at the tokens/s predicted from q's step and the α seen at that
+ratio. q's step and prefill are lines through what was measured at each ratio on the first job (the
+prefill without q's vision encoding, which every ratio pays) and what later jobs took
+(`draft_seconds`), so they follow the video's length. α is kept per ratio and per length band
+(`length_band`: videos within a factor of ~4), since what pruning costs the draft depends on how long
+the video is. On a band's first job the candidates are the selector's own ratio and larger ones, at
+the pipeline's α; later, a ratio not tried in the band is predicted at the α of the nearest larger
+ratio tried (fewer tokens cannot help the draft), else halfway from the nearest smaller one's α to 1,
+so it is tried once where it could pay. A ratio is taken over a larger one only where it is predicted
+`KEEP_MARGIN` sooner, so nothing is pruned where pruning does not pay (short videos, where q's step
+and prefill are per-operation overhead).
 
 The chosen drafting schedule runs with `gamma="auto"` on the cached curve, so it still re-chooses γ
 each round, γ = 0 (the target alone) included. `Stats.plan` records the choice and each option's
@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 from pathlib import Path
@@ -85,12 +86,13 @@ from hippo.visual import budget, keep_ratio_of
 #: pearl where the draft has a device of its own (`own_device`), pearl before hippo where it has not
 DRAFTING = ("serial", "hippo", "pearl")
 #: the cache's format; a file of another version is measured again
-VERSION = 2
+VERSION = 3
 #: the keep ratios `auto` plans among where the pipeline's selector has one (1.0: nothing pruned)
 KEEP_RATIOS = (1.0, 0.25, 0.1, 0.05)
 #: a keep ratio is chosen over a larger one only where it is predicted this much faster
 KEEP_MARGIN = 0.03
-#: the draft steps of the latest jobs that `draft_seconds` fits (with the first job's calibration)
+#: the draft steps and prefills of the latest jobs that `draft_seconds` fits (with the first job's
+#: calibration), and the answer lengths the planner expects the next one from
 LIVE_POINTS = 16
 #: environment variables that cap the instruction set of torch's, oneDNN's and MKL's kernels
 ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
@@ -155,12 +157,14 @@ def fingerprint(target: torch.nn.Module, draft: torch.nn.Module) -> dict[str, An
 @attrs.frozen
 class Costs:
     """Measured seconds: t_verify(k) of p, and one step of q on all / the kept visual tokens;
-    `draft_steps`: (tokens q attends to, seconds of its step) at each keep ratio measured."""
+    `draft_steps` and `draft_prefills`: (tokens q attends to, seconds of its step / of its prefill's
+    forward) at each keep ratio measured."""
 
     verify: dict[int, float]
     draft_full: float
     draft_pruned: float
     draft_steps: tuple[tuple[int, float], ...] = ()
+    draft_prefills: tuple[tuple[int, float], ...] = ()
 
     @property
     def curve(self) -> VerifyCurve:
@@ -171,6 +175,7 @@ class Costs:
             "verify": {str(k): v for k, v in self.verify.items()},
             "draft": [self.draft_full, self.draft_pruned],
             "draft_steps": [list(p) for p in self.draft_steps],
+            "draft_prefills": [list(p) for p in self.draft_prefills],
         }
 
     @classmethod
@@ -178,15 +183,16 @@ class Costs:
         verify = {int(k): float(v) for k, v in d["verify"].items()}
         full, pruned = (float(x) for x in d["draft"])
         steps = tuple((int(n), float(t)) for n, t in d.get("draft_steps", ()))
+        prefills = tuple((int(n), float(t)) for n, t in d.get("draft_prefills", ()))
         if (
             not verify
             or min(verify.values()) <= 0
             or full <= 0
             or pruned <= 0
-            or any(t <= 0 for _, t in steps)
+            or any(t <= 0 for _, t in steps + prefills)
         ):
             raise ValueError("non-positive seconds")
-        return cls(verify, full, pruned, steps)
+        return cls(verify, full, pruned, steps, prefills)
 
 
 def load(path: Path, key: dict[str, Any]) -> Costs | None:
@@ -206,9 +212,9 @@ def save(path: Path, key: dict[str, Any], costs: Costs) -> None:
 
 
 def measure(job: DecodeJob, gamma_max: int, keep_ratios: tuple[float, ...] = ()) -> Costs:
-    """Time p's forwards of 1, 2, 4, 8 and γ_max + 1 tokens and q's one-token step on all visual
-    tokens, on the kept ones and on those of each of `keep_ratios`; every session ends as it began
-    (the job then runs as usual)."""
+    """Time p's forwards of 1, 2, 4, 8 and γ_max + 1 tokens, and q's prefill and one-token step on all
+    visual tokens, on the kept ones and on those of each of `keep_ratios`; every session ends as it
+    began (the job then runs as usual)."""
     target = job.prefill_target()
     prefix = job.prefix()  # [T] the prompt
     widths = calibration_widths(gamma_max)
@@ -220,20 +226,21 @@ def measure(job: DecodeJob, gamma_max: int, keep_ratios: tuple[float, ...] = ())
     keeps.update({r: job.select(scorer, r) for r in keep_ratios if r < 1.0 and r != own})  # own: "pruned"
     side = job.new_draft_side()
     try:
-        draft = {}
+        side.encoded()  # q's vision encoding, the same at every ratio: not in the prefills' seconds
+        draft, prefills = {}, []
         for name, keep in keeps.items():
             side.prefill(keep)
-            draft[name] = measure_verify_curve(side.session, prefix, (1,), repeats=5)(1)
+            tokens = text + (n if keep is None else int(keep.shape[0]))
+            prefills.append((tokens, side.seconds_prefill))
+            draft[name] = (tokens, measure_verify_curve(side.session, prefix, (1,), repeats=5)(1))
     finally:
         side.close()
-    steps = [
-        (text + (n if keep is None else int(keep.shape[0])), draft[name]) for name, keep in keeps.items()
-    ]
-    return Costs(verify, draft["full"], draft["pruned"], tuple(steps))
+    steps = tuple(draft.values())
+    return Costs(verify, draft["full"][1], draft["pruned"][1], steps, tuple(prefills))
 
 
 def draft_seconds(steps: list[tuple[int, float]], tokens: int) -> float:
-    """q's step attending to `tokens` tokens: the least-squares line through `steps` ((tokens,
+    """q's step (or prefill) on `tokens` tokens: the least-squares line through `steps` ((tokens,
     seconds) pairs), its slope at least 0 (a step reads each token's keys and values once)."""
     xs, ys = [float(n) for n, _ in steps], [t for _, t in steps]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
@@ -265,14 +272,25 @@ def own_device(job: DecodeJob) -> bool:
     return p.draft_adapter.device != p.target_adapter.device
 
 
-def _steps(value: Any) -> tuple[tuple[int, float], ...]:
-    try:
-        steps = tuple((int(n), float(t)) for n, t in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"draft_steps must be (tokens, seconds) pairs, got {value!r}") from None
-    if any(n < 0 or t <= 0 for n, t in steps):
-        raise ValueError(f"draft_steps need tokens >= 0 and positive seconds, got {value!r}")
-    return steps
+def length_band(visual_tokens: int) -> int:
+    """Videos whose visual tokens are within a factor of ~4 share a band: the planner keeps the α seen
+    at each keep ratio per band, since what a draft loses to pruning depends on the video's length."""
+    return int(math.log2(max(visual_tokens, 1)) // 2)
+
+
+def _points(name: str):
+    def convert(value: Any) -> tuple[tuple[int, float], ...]:
+        try:
+            points = tuple((int(n), float(t)) for n, t in value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be (tokens, seconds) pairs, got {value!r}") from None
+        if any(n < 0 or t < 0 for n, t in points) or (
+            name == "draft_steps" and any(t == 0 for _, t in points)
+        ):
+            raise ValueError(f"{name} need tokens >= 0 and positive seconds, got {value!r}")
+        return points
+
+    return convert
 
 
 def _ratios(instance: Any, attribute: attrs.Attribute, value: tuple) -> None:
@@ -290,12 +308,13 @@ class AutoScheduler(Scheduler):
         #: fixed costs instead of measuring them, as serial/pearl/hippo take them:
         #: {"verify": {k: seconds}, "draft": seconds per draft step} (the cache is then not used)
         costs: dict | None = attrs.field(default=None, validator=costs_option)
-        #: the keep ratios a job's draft may get (module doc), e.g. `KEEP_RATIOS`; () (the default)
-        #: keeps the selector's own
-        keep_ratios: tuple = attrs.field(default=(), converter=tuple, validator=_ratios)
+        #: the keep ratios a job's draft may get (module doc); (): the selector's own
+        keep_ratios: tuple = attrs.field(default=KEEP_RATIOS, converter=tuple, validator=_ratios)
         #: with `costs`: q's step against the tokens it attends to, ((tokens, seconds), ...), for the
         #: keep-ratio planner (without it q's step is `costs["draft"]` at every ratio)
-        draft_steps: tuple = attrs.field(default=(), converter=_steps)
+        draft_steps: tuple = attrs.field(default=(), converter=_points("draft_steps"))
+        #: with `costs`: q's prefill against the tokens it keeps, the same way (without it: free)
+        draft_prefills: tuple = attrs.field(default=(), converter=_points("draft_prefills"))
 
     def __init__(self, config=None):
         super().__init__(config)
@@ -304,10 +323,14 @@ class AutoScheduler(Scheduler):
             curve, draft = fixed_costs(self.config.costs)
             if draft is None:
                 raise ConfigError('scheduler "auto": fixed costs need the draft\'s seconds too ("draft")')
-            self.costs = Costs(curve.seconds, draft, draft, self.config.draft_steps)
+            c = self.config
+            self.costs = Costs(curve.seconds, draft, draft, c.draft_steps, c.draft_prefills)
         self.acceptance = Acceptance()  # across this pipeline's jobs
-        self.by_keep: dict[float, Acceptance] = {}  # α across the jobs at each keep ratio
+        #: α across the jobs at each (length band, keep ratio) (`length_band`)
+        self.by_keep: dict[tuple[int, float], Acceptance] = {}
         self.draft_steps: list[tuple[int, float]] = []  # the latest jobs' (tokens q attends to, step)
+        self.draft_prefills: list[tuple[int, float]] = []  # and (tokens q kept, its prefill's seconds)
+        self.answers: list[int] = []  # the latest jobs' answer lengths (tokens)
         self._schedulers: dict[str, Scheduler] = {}
         self._batches: AutoGamma | None = None
 
@@ -382,52 +405,75 @@ class AutoScheduler(Scheduler):
             return None
         return sorted({*self.config.keep_ratios, own}, reverse=True)
 
-    def _seen(self, ratio: float) -> float | None:
-        a = self.by_keep.get(ratio)
+    def _seen(self, band: int, ratio: float) -> float | None:
+        a = self.by_keep.get((band, ratio))
         return None if a is None else a.alpha
 
-    def _alpha_at(self, ratio: float, ratios: list[float]) -> float | None:
-        """α predicted at `ratio` (None: not a candidate yet): the α seen there; untried, the α of the
-        nearest larger ratio tried (an upper bound), or halfway from the nearest smaller one's to 1;
-        before any job, the pipeline's α (the first job's candidates are the selector's own ratio and
-        larger ones)."""
-        seen = self._seen(ratio)
+    def _alpha_at(self, band: int, ratio: float, ratios: list[float]) -> float | None:
+        """α predicted at `ratio` for a video in `band` (None: not a candidate yet): the α seen there;
+        untried, the α of the nearest larger ratio tried (an upper bound), or halfway from the nearest
+        smaller one's to 1."""
+        seen = self._seen(band, ratio)
         if seen is not None:
             return seen
-        larger = (self._seen(r) for r in sorted(r for r in ratios if r > ratio))
+        larger = (self._seen(band, r) for r in sorted(r for r in ratios if r > ratio))
         upper = next((a for a in larger if a is not None), None)
         if upper is not None:
             return upper
-        smaller = (self._seen(r) for r in sorted((r for r in ratios if r < ratio), reverse=True))
+        smaller = (self._seen(band, r) for r in sorted((r for r in ratios if r < ratio), reverse=True))
         lower = next((a for a in smaller if a is not None), None)
         return None if lower is None else lower + (1.0 - lower) / 2
 
     def _keep(self, job: DecodeJob, costs: Costs, overlap: bool) -> dict[str, Any] | None:
         """The job's keep ratio and the record of why (None where the planner is off); sets it on the
-        job (`DecodeJob.keep_ratio`)."""
+        job (`DecodeJob.keep_ratio`). Each ratio is timed over the answer the job is expected to give
+        (the mean of the latest answers, at most its `max_new_tokens`): q's prefill on the tokens it
+        keeps, then that many tokens at the predicted tokens/s."""
         ratios = self._ratios(job)
         if ratios is None:
             return None
         own, g = keep_ratio_of(job.pipeline.selector), self.config.gamma_max
         n = job.target_encoded().visual.n
         text = job.prompt_ids.shape[0] - n
-        live = self.draft_steps if self.config.costs is None else []  # fixed costs are the whole model
-        steps = [*costs.draft_steps, *live] or [(text + budget(n, own), costs.draft_pruned)]
-        fresh = not self.by_keep
+        fixed = self.config.costs is not None  # fixed costs are the whole model
+        steps = [*costs.draft_steps, *([] if fixed else self.draft_steps)]
+        steps = steps or [(text + budget(n, own), costs.draft_pruned)]
+        prefills = [*costs.draft_prefills, *([] if fixed else self.draft_prefills)]
+        answer = min(
+            job.max_new_tokens,
+            round(sum(self.answers) / len(self.answers)) if self.answers else job.max_new_tokens,
+        )
+        band = length_band(n)
+        fresh = not any(b == band for b, _ in self.by_keep)  # nothing seen yet on videos of this length
         options: dict[float, dict[str, float]] = {}
         for r in ratios:
-            alpha = self.acceptance.alpha if fresh and r >= own else self._alpha_at(r, ratios)
+            alpha = self.acceptance.alpha if fresh and r >= own else self._alpha_at(band, r, ratios)
             if alpha is None:
                 continue
-            t = draft_seconds(steps, text + (n if r >= 1.0 else budget(n, r)))
+            tokens = text + (n if r >= 1.0 else budget(n, r))
+            t = draft_seconds(steps, tokens)
             drafting = [v for k, v in predict(costs, alpha, overlap, g, t).items() if k != "autoregressive"]
-            options[r] = {"alpha": alpha, "t_draft": t, "tokens_per_second": max(v for v in drafting if v)}
+            rate = max(v for v in drafting if v)
+            prefill = draft_seconds(prefills, tokens) if prefills else 0.0
+            options[r] = {
+                "alpha": alpha,
+                "t_draft": t,
+                "t_prefill": prefill,
+                "tokens_per_second": rate,
+                "answer_seconds": prefill + answer / rate,
+            }
         best = next(iter(options))  # the largest; a smaller one must be KEEP_MARGIN faster
         for r, o in options.items():
-            if o["tokens_per_second"] > options[best]["tokens_per_second"] * (1 + KEEP_MARGIN):
+            if o["answer_seconds"] * (1 + KEEP_MARGIN) < options[best]["answer_seconds"]:
                 best = r
         job.keep_ratio = best
-        return {"ratio": best, **options[best], "options": {str(r): o for r, o in options.items()}}
+        return {
+            "ratio": best,
+            "band": band,
+            "answer_tokens": answer,
+            **options[best],
+            "options": {str(r): o for r, o in options.items()},
+        }
 
     def run(self, job: DecodeJob) -> None:
         name, record = self.choose(job)
@@ -452,19 +498,22 @@ class AutoScheduler(Scheduler):
         self._carry(job)
 
     def _carry(self, job: DecodeJob) -> None:
-        """Count the job's rounds in the α the pipeline's next job starts from, and in the α and the
-        draft step of its keep ratio."""
+        """Count the job's rounds in the α the pipeline's next job starts from, and in the α of its keep
+        ratio and video length; keep its answer's length and q's step and prefill."""
         s = job.stats
         self.acceptance.update(s)
         self.acceptance.seen = 0
         if job.keep_ratio is not None and s.rounds:
-            a = self.by_keep.setdefault(job.keep_ratio, Acceptance())
+            a = self.by_keep.setdefault((length_band(s.visual_tokens), job.keep_ratio), Acceptance())
             a.update(s)
             a.seen = 0
-        step = job.draft_step_seconds
-        if step:  # q stepped on this thread: its step against the tokens it attended to
-            tokens = job.prompt_ids.shape[0] - s.visual_tokens + s.kept_visual_tokens
+        self.answers = [*self.answers[1 - LIVE_POINTS :], len(job.tokens)]
+        tokens = job.prompt_ids.shape[0] - s.visual_tokens + s.kept_visual_tokens  # q attended to
+        step, prefill = job.draft_step_seconds, job.draft_prefill_seconds
+        if step:  # q ran on this thread: its step and prefill against the tokens it attended to
             self.draft_steps = [*self.draft_steps[1 - LIVE_POINTS :], (tokens, step)]
+        if prefill:
+            self.draft_prefills = [*self.draft_prefills[1 - LIVE_POINTS :], (tokens, prefill)]
 
     def _batch_gamma(self) -> AutoGamma:
         """The batches' γ chooser, kept across batches (its t_verify(B, k) per batch size B): the

@@ -38,7 +38,7 @@ from hippo.cost import (
 )
 from hippo.errors import ConfigError
 from hippo.interfaces import Drafter
-from hippo.plugins.auto_scheduler import KEEP_RATIOS, draft_seconds
+from hippo.plugins.auto_scheduler import KEEP_RATIOS, draft_seconds, length_band
 from hippo.proposal import DraftProposal
 from hippo.registry import lookup
 from hippo.testing import models as hm
@@ -409,7 +409,7 @@ def test_auto_costs_are_measured_once_per_machine_and_pair(auto_scheduler, tmp_p
     (path,) = tmp_path.glob("*.json")
     cached = json.loads(path.read_text())
     assert cached["key"]["torch"] == torch.__version__
-    assert set(cached["costs"]) == {"verify", "draft", "draft_steps"}
+    assert set(cached["costs"]) == {"verify", "draft", "draft_steps", "draft_prefills"}
 
     calls = []
     real = auto_scheduler.measure
@@ -711,22 +711,73 @@ def test_auto_prunes_nothing_where_the_drafts_step_does_not_depend_on_the_tokens
         assert out.stats.kept_visual_tokens == out.stats.visual_tokens
 
 
+def test_auto_prunes_where_the_drafts_prefill_pays_for_it_over_the_expected_answer(auto_scheduler, tmp_path):
+    """A flat step but a prefill that grows with the tokens kept (long videos, where the draft's prefill
+    is what pruning saves): the first job keeps the selector's own ratio over the whole video, later
+    ones smaller ratios; each option is timed as its prefill plus the expected answer (the last one's
+    length) at its predicted tokens/s."""
+    target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
+    p = hm.Prompt.default(ADAPTER, target)
+    flat = ((0, 1e-4), (1000, 1e-4))
+    pipe = _planning(target, draft, tmp_path, flat, draft_prefills=((0, 0.0), (100, 0.05)))
+    gen = {"do_sample": False, "max_new_tokens": 6}
+    ref = hr.reference(target, p.inputs, **gen)
+    ratios = []
+    for i in range(3):
+        out = pipe.generate(p.inputs, **gen)
+        hr.assert_same(out, ref, p.length)
+        keep = out.stats.plan["keep"]
+        ratios.append(keep["ratio"])
+        assert keep["answer_tokens"] == (6 if i == 0 else out.stats.new_tokens)
+        for o in keep["options"].values():
+            assert o["t_prefill"] > 0
+            assert o["answer_seconds"] == pytest.approx(
+                o["t_prefill"] + keep["answer_tokens"] / o["tokens_per_second"]
+            )
+    assert ratios[0] == 0.5 and min(ratios[1:]) < 0.5, ratios
+    with pytest.raises(ConfigError, match="draft_prefills"):
+        _planning(target, draft, tmp_path, flat, draft_prefills=((1, -1.0),))
+
+
+def test_auto_keeps_the_alpha_of_each_keep_ratio_per_video_length(auto_scheduler, tmp_path):
+    """What a draft loses to pruning depends on the video's length: α seen at a ratio on short videos
+    does not decide a video 4x longer, whose first job plans afresh from the selector's own ratio."""
+    target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
+    unit, words = hm.pixel_unit(target), hm.text_ids(target)
+    short = hm.Prompt(ADAPTER, target, (2, 6 * unit, 6 * unit), 0, words[3:6], words[7:9])  # 36 visual tokens
+    long = hm.Prompt(ADAPTER, target, (8, 6 * unit, 6 * unit), 0, words[3:6], words[7:9])  # 144
+    pipe = _planning(target, draft, tmp_path, ((0, 1e-5), (100, 1e-3)))
+    n_short, n_long = (pipe.target_adapter.encode(q.inputs).visual.n for q in (short, long))
+    assert length_band(n_short) != length_band(n_long)
+    band = length_band(n_short)
+    pipe.scheduler.by_keep.update({(band, r): Acceptance.starting_at(0.95) for r in KEEP_RATIOS})
+    gen = {"do_sample": False, "max_new_tokens": 6}
+    first = pipe.generate(short.inputs, **gen).stats.plan["keep"]
+    assert first["band"] == band and first["ratio"] == 0.05  # every ratio seen good on short videos
+    out = pipe.generate(long.inputs, **gen)
+    hr.assert_same(out, hr.reference(target, long.inputs, **gen), long.length)
+    keep = out.stats.plan["keep"]
+    assert keep["band"] == length_band(n_long) and set(keep["options"]) == {"1.0", "0.5"}
+    assert keep["ratio"] == 0.5
+
+
 def test_auto_keeps_more_where_pruning_loses_acceptance(auto_scheduler, tmp_path):
     """Where the draft was seen to fail at the smaller ratios, the planner keeps a larger one; with
-    `keep_ratios=()`, the default, it keeps the selector's own; a bad ratio is refused clearly."""
+    `keep_ratios=()` it keeps the selector's own; a bad ratio is refused clearly."""
     target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
     p = hm.Prompt.default(ADAPTER, target)
     steps = ((0, 1e-5), (100, 1e-3))
     pipe = _planning(target, draft, tmp_path, steps)
-    pipe.scheduler.by_keep.update({r: Acceptance.starting_at(0.05) for r in (0.25, 0.1, 0.05)})
-    pipe.scheduler.by_keep[0.5] = Acceptance.starting_at(0.95)
+    band = length_band(pipe.target_adapter.encode(p.inputs).visual.n)
+    pipe.scheduler.by_keep.update({(band, r): Acceptance.starting_at(0.05) for r in (0.25, 0.1, 0.05)})
+    pipe.scheduler.by_keep[band, 0.5] = Acceptance.starting_at(0.95)
     gen = {"do_sample": False, "max_new_tokens": 6}
     out = pipe.generate(p.inputs, **gen)
     hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
     assert out.stats.plan["keep"]["ratio"] >= 0.5
     b = hippo.PipelineBuilder().target(target).draft(draft).selector("uniform", keep_ratio=0.5)
     default = b.scheduler("auto", cache_dir=str(tmp_path), costs={"verify": {1: 1e-3}, "draft": 1e-4}).build()
-    assert "keep" not in default.generate(p.inputs, **gen).stats.plan  # the planner is opt-in
+    assert "keep" in default.generate(p.inputs, **gen).stats.plan  # the planner is on by default
     own = _planning(target, draft, tmp_path, steps, keep_ratios=()).generate(p.inputs, **gen)
     assert "keep" not in own.stats.plan and own.stats.kept_visual_tokens == budget(
         own.stats.visual_tokens, 0.5
