@@ -405,11 +405,20 @@ def test_auto_costs_are_measured_once_per_machine_and_pair(auto_scheduler, tmp_p
     p = hm.Prompt.default(ADAPTER, target)
     gen = {"do_sample": False, "max_new_tokens": 5}
     ref = hr.reference(target, p.inputs, **gen)
-    hr.assert_same(_auto_pipeline(target, draft, tmp_path).generate(p.inputs, **gen), ref, p.length)
+    first = _auto_pipeline(target, draft, tmp_path)
+    out = first.generate(p.inputs, **gen)
+    hr.assert_same(out, ref, p.length)
     (path,) = tmp_path.glob("*.json")
     cached = json.loads(path.read_text())
     assert cached["key"]["torch"] == torch.__version__
     assert set(cached["costs"]) == {"verify", "draft", "draft_steps", "draft_prefills"}
+    # q's step and prefill at each keep ratio (the whole video, the selector's 0.5, then 0.25, 0.1 and
+    # 0.05), against the tokens it attends to; then the job's own prefill, live
+    steps, prefills = cached["costs"]["draft_steps"], cached["costs"]["draft_prefills"]
+    assert len(steps) == len(prefills) == 5 and [n for n, _ in steps] == [n for n, _ in prefills]
+    assert all(t > 0 for _, t in steps + prefills)
+    ((tokens, seconds),) = first.scheduler.draft_prefills
+    assert seconds > 0 and tokens == p.length - out.stats.visual_tokens + out.stats.kept_visual_tokens
 
     calls = []
     real = auto_scheduler.measure
