@@ -133,8 +133,14 @@ def run_demo(
             log(f"compiled in {warm:.1f} s")
         target.generate(**inputs, max_new_tokens=4, do_sample=False)
     where = "the full video" if keep_ratio >= 1.0 else f"{keep_ratio:.0%} of the visual tokens"
-    how = "γ from the cost model" if gamma == "auto" else f"γ={gamma}"
-    log(f"answer (hippo, {scheduler} schedule, {how}, the draft sees {where}):")
+    if scheduler == "auto":
+        how, where = (
+            "schedule, γ and keep ratio from the cost model",
+            f"as much as it chooses (selector: {where})",
+        )
+    else:
+        how = f"{scheduler} schedule, " + ("γ from the cost model" if gamma == "auto" else f"γ={gamma}")
+    log(f"answer (hippo, {how}; the draft sees {where}):")
     streamer = streamer_factory(tokenizer) if streamer_factory is not None else None
     t0 = time.perf_counter()
     out = pipe.generate(inputs, streamer=streamer, timeline=timeline is not None, **gen)
@@ -198,8 +204,10 @@ def format_comparison(result: dict[str, Any]) -> str:
     for name, n, s, mat, same in rows:
         lines.append(f"{name:<38} {n:>6} {s:>8.2f} {n / s:>9.1f} {mat:>5.2f}  {same}")
     verdict = "identical output" if result["identical"] else "OUTPUT DIFFERS (a bug: please report it)"
+    stats = h["stats"]
     lines += [
         f"speedup: {result['speedup']:.2f}x with {verdict} ({result['threads']} threads, float32, greedy)",
+        f"the draft saw {stats['kept_visual_tokens']} of the {stats['visual_tokens']} visual tokens.",
         "MAT: tokens emitted per target forward in decoding (accepted draft tokens + 1).",
         "the same answer from the command line (on the checkpoint's target as trained, 1.1M parameters "
         f"without the widening: the same tokens at a fraction of the cost, so a smaller speedup):\n  {result['command']}",

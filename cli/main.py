@@ -341,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-ratio",
         type=float,
         help="fraction of the visual tokens the draft sees, in (0, 1] (default: 1.0, the fastest here; "
-        "0.2 with --adapter)",
+        "0.2 with --adapter); under --scheduler auto, each question's is chosen among it and 1, 0.25, 0.1, 0.05",
     )
     d.add_argument(
         "--json", metavar="FILE", help="also write the full result as JSON to FILE ('-': JSON on stdout only)"
@@ -429,7 +429,8 @@ def _pipeline_args(
         "--keep-ratio",
         type=float,
         metavar="R",
-        help="fraction of the visual tokens the draft sees, in (0, 1] (0.1)",
+        help="fraction of the visual tokens the draft sees, in (0, 1] (0.1); under --scheduler auto, each "
+        "question's is chosen among it and 1, 0.25, 0.1, 0.05",
     )
     s.add_argument(
         "--gamma",

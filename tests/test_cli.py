@@ -231,6 +231,9 @@ def test_demo_on_the_trained_pair(tmp_path, capsys: pytest.CaptureFixture[str]) 
     assert result["clip"]["visual_tokens"] == 576 and Path(result["clip"]["path"]).is_file()
     assert result["text"] and result["text"] in " ".join(out.split())  # the answer was streamed as text
     assert "speedup:" in out and "identical output" in out and "hippo generate --target" in out
+    stats = result["hippo"]["stats"]  # auto chose the draft's share of the video and says how much it saw
+    assert f"the draft saw {stats['kept_visual_tokens']} of the 576 visual tokens" in out
+    assert "keep" in stats["plan"] and "the draft sees as much as it chooses" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the command the demo prints for "the same answer from the command line" runs as printed
     command = shlex.split(result["command"])
