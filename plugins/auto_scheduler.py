@@ -54,6 +54,7 @@ import json
 import math
 import os
 import platform
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -278,16 +279,17 @@ def length_band(visual_tokens: int) -> int:
     return int(math.log2(max(visual_tokens, 1)) // 2)
 
 
-def _points(name: str):
+def _points(name: str, zero: bool):
+    """A converter of (tokens, seconds) pairs for the option `name`; `zero`: 0 seconds allowed."""
+
     def convert(value: Any) -> tuple[tuple[int, float], ...]:
         try:
             points = tuple((int(n), float(t)) for n, t in value)
         except (TypeError, ValueError):
             raise ValueError(f"{name} must be (tokens, seconds) pairs, got {value!r}") from None
-        if any(n < 0 or t < 0 for n, t in points) or (
-            name == "draft_steps" and any(t == 0 for _, t in points)
-        ):
-            raise ValueError(f"{name} need tokens >= 0 and positive seconds, got {value!r}")
+        if any(n < 0 or t < 0 or (t == 0 and not zero) for n, t in points):
+            seconds = "seconds >= 0" if zero else "positive seconds"
+            raise ValueError(f"{name} need tokens >= 0 and {seconds}, got {value!r}")
         return points
 
     return convert
@@ -312,9 +314,9 @@ class AutoScheduler(Scheduler):
         keep_ratios: tuple = attrs.field(default=KEEP_RATIOS, converter=tuple, validator=_ratios)
         #: with `costs`: q's step against the tokens it attends to, ((tokens, seconds), ...), for the
         #: keep-ratio planner (without it q's step is `costs["draft"]` at every ratio)
-        draft_steps: tuple = attrs.field(default=(), converter=_points("draft_steps"))
+        draft_steps: tuple = attrs.field(default=(), converter=_points("draft_steps", zero=False))
         #: with `costs`: q's prefill against the tokens it keeps, the same way (without it: free)
-        draft_prefills: tuple = attrs.field(default=(), converter=_points("draft_prefills"))
+        draft_prefills: tuple = attrs.field(default=(), converter=_points("draft_prefills", zero=True))
 
     def __init__(self, config=None):
         super().__init__(config)
@@ -328,9 +330,11 @@ class AutoScheduler(Scheduler):
         self.acceptance = Acceptance()  # across this pipeline's jobs
         #: α across the jobs at each (length band, keep ratio) (`length_band`)
         self.by_keep: dict[tuple[int, float], Acceptance] = {}
-        self.draft_steps: list[tuple[int, float]] = []  # the latest jobs' (tokens q attends to, step)
-        self.draft_prefills: list[tuple[int, float]] = []  # and (tokens q kept, its prefill's seconds)
-        self.answers: list[int] = []  # the latest jobs' answer lengths (tokens)
+        #: the latest jobs' (tokens q attends to, its step), (tokens q kept, its prefill's seconds) and
+        #: answer lengths
+        self.draft_steps: deque[tuple[int, float]] = deque(maxlen=LIVE_POINTS)
+        self.draft_prefills: deque[tuple[int, float]] = deque(maxlen=LIVE_POINTS)
+        self.answers: deque[int] = deque(maxlen=LIVE_POINTS)
         self._schedulers: dict[str, Scheduler] = {}
         self._batches: AutoGamma | None = None
 
@@ -439,10 +443,9 @@ class AutoScheduler(Scheduler):
         steps = [*costs.draft_steps, *([] if fixed else self.draft_steps)]
         steps = steps or [(text + budget(n, own), costs.draft_pruned)]
         prefills = [*costs.draft_prefills, *([] if fixed else self.draft_prefills)]
-        answer = min(
-            job.max_new_tokens,
-            round(sum(self.answers) / len(self.answers)) if self.answers else job.max_new_tokens,
-        )
+        answer = job.max_new_tokens
+        if self.answers:
+            answer = min(answer, round(sum(self.answers) / len(self.answers)))
         band = length_band(n)
         fresh = not any(b == band for b, _ in self.by_keep)  # nothing seen yet on videos of this length
         options: dict[float, dict[str, float]] = {}
@@ -507,13 +510,13 @@ class AutoScheduler(Scheduler):
             a = self.by_keep.setdefault((length_band(s.visual_tokens), job.keep_ratio), Acceptance())
             a.update(s)
             a.seen = 0
-        self.answers = [*self.answers[1 - LIVE_POINTS :], len(job.tokens)]
+        self.answers.append(len(job.tokens))
         tokens = job.prompt_ids.shape[0] - s.visual_tokens + s.kept_visual_tokens  # q attended to
         step, prefill = job.draft_step_seconds, job.draft_prefill_seconds
         if step:  # q ran on this thread: its step and prefill against the tokens it attended to
-            self.draft_steps = [*self.draft_steps[1 - LIVE_POINTS :], (tokens, step)]
+            self.draft_steps.append((tokens, step))
         if prefill:
-            self.draft_prefills = [*self.draft_prefills[1 - LIVE_POINTS :], (tokens, prefill)]
+            self.draft_prefills.append((tokens, prefill))
 
     def _batch_gamma(self) -> AutoGamma:
         """The batches' γ chooser, kept across batches (its t_verify(B, k) per batch size B): the

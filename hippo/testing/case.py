@@ -14,7 +14,6 @@ import attrs
 import torch
 
 import hippo
-from hippo.plugins.auto_scheduler import KEEP_RATIOS as AUTO_KEEP_RATIOS
 from hippo.testing.drafters import CORRUPTING
 from hippo.testing.models import Prompt, flat_draft, options_for, tiny
 
@@ -169,13 +168,7 @@ class Case:
         b.verifier(verifier)
         auto = options_for("schedulers", scheduler, gamma=self.gamma)
         if not auto:  # a scheduler that plans its own γ (`auto`): costs under which drafting pays
-            auto = options_for(
-                "schedulers",
-                scheduler,
-                costs=DRAFTING_PAYS,
-                draft_steps=PRUNING_PAYS,
-                keep_ratios=AUTO_KEEP_RATIOS,
-            )
+            auto = options_for("schedulers", scheduler, costs=DRAFTING_PAYS, draft_steps=PRUNING_PAYS)
         if "executor" in options_for("schedulers", scheduler, executor="x"):
             auto.update(self.executor_options(executor))
         return b.scheduler(scheduler, **{**auto, **scheduler_options})

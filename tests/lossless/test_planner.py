@@ -678,6 +678,16 @@ def _planning(target, draft, cache_dir, steps, **options):
     return b.scheduler("auto", cache_dir=str(cache_dir), costs=costs, draft_steps=steps, **options).build()
 
 
+def _planned(pipe, p, gen: dict, jobs: int):
+    """Run `jobs` jobs of `p` on `pipe`, each checked against `target.generate`; yield each output and
+    its keep-ratio record."""
+    ref = hr.reference(pipe.target_adapter.model, p.inputs, **gen)
+    for _ in range(jobs):
+        out = pipe.generate(p.inputs, **gen)
+        hr.assert_same(out, ref, p.length)
+        yield out, out.stats.plan["keep"]
+
+
 def _kept(out, ratio: float) -> int:
     n = out.stats.visual_tokens
     return n if ratio >= 1.0 else budget(n, ratio)
@@ -691,13 +701,8 @@ def test_auto_plans_the_keep_ratio_job_by_job(auto_scheduler, tmp_path):
     unit, words = hm.pixel_unit(target), hm.text_ids(target)
     p = hm.Prompt(ADAPTER, target, (4, 6 * unit, 6 * unit), 0, words[3:6], words[7:9])  # 72 visual tokens
     pipe = _planning(target, target, tmp_path, ((0, 1e-5), (100, 1e-3)))
-    gen = {"do_sample": False, "max_new_tokens": 12}
-    ref = hr.reference(target, p.inputs, **gen)
     ratios = []
-    for _ in range(4):
-        out = pipe.generate(p.inputs, **gen)
-        hr.assert_same(out, ref, p.length)
-        keep = out.stats.plan["keep"]
+    for out, keep in _planned(pipe, p, {"do_sample": False, "max_new_tokens": 12}, 4):
         ratios.append(keep["ratio"])
         assert out.stats.kept_visual_tokens == _kept(out, keep["ratio"])
         assert keep["options"][str(keep["ratio"])]["tokens_per_second"] == keep["tokens_per_second"]
@@ -712,11 +717,8 @@ def test_auto_prunes_nothing_where_the_drafts_step_does_not_depend_on_the_tokens
     target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
     p = hm.Prompt.default(ADAPTER, target)
     pipe = _planning(target, draft, tmp_path, ((0, 1e-4), (1000, 1e-4)))
-    gen = {"do_sample": False, "max_new_tokens": 6}
-    for _ in range(3):
-        out = pipe.generate(p.inputs, **gen)
-        hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
-        assert out.stats.plan["keep"]["ratio"] == 1.0
+    for out, keep in _planned(pipe, p, {"do_sample": False, "max_new_tokens": 6}, 3):
+        assert keep["ratio"] == 1.0
         assert out.stats.kept_visual_tokens == out.stats.visual_tokens
 
 
@@ -729,13 +731,8 @@ def test_auto_prunes_where_the_drafts_prefill_pays_for_it_over_the_expected_answ
     p = hm.Prompt.default(ADAPTER, target)
     flat = ((0, 1e-4), (1000, 1e-4))
     pipe = _planning(target, draft, tmp_path, flat, draft_prefills=((0, 0.0), (100, 0.05)))
-    gen = {"do_sample": False, "max_new_tokens": 6}
-    ref = hr.reference(target, p.inputs, **gen)
     ratios = []
-    for i in range(3):
-        out = pipe.generate(p.inputs, **gen)
-        hr.assert_same(out, ref, p.length)
-        keep = out.stats.plan["keep"]
+    for i, (out, keep) in enumerate(_planned(pipe, p, {"do_sample": False, "max_new_tokens": 6}, 3)):
         ratios.append(keep["ratio"])
         assert keep["answer_tokens"] == (6 if i == 0 else out.stats.new_tokens)
         for o in keep["options"].values():
