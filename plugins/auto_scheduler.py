@@ -7,7 +7,7 @@ t_verify(k) of p for the widths a round may verify, and t_draft, one step of q o
 ("full") and on the pipeline's kept ones ("pruned"). They are cached in `<cache_dir>/<key>.json`
 (default ~/.cache/hippo/costs/), keyed by a fingerprint of the CPU (model and flags), the kernels
 torch picks on it (`ISA_VARIABLES` can cap them), the device, the thread count, torch and
-transformers, and each model's config and parameters (`model_digest`); a change of any of them is
+transformers, and each model's config and tensor shapes (`model_digest`); a change of any of them is
 another key, and a file that cannot be read is measured again and rewritten.
 
 Each job then gets the schedule of the most predicted tokens/s (`predict`):
@@ -117,18 +117,18 @@ def _cpu() -> str:
 
 
 def model_digest(model: torch.nn.Module) -> str:
-    """A hash of a model's config and of each tensor's name, dtype, shape, float64 sum and up to
-    4096 evenly spaced values: any retraining changes it, without hashing gigabytes of weights."""
+    """A hash of what a model's seconds depend on: its config and each tensor's name, dtype and shape.
+    Not the values: the costs are timings, which retraining does not change, and a pass over every
+    weight would cost each cold process seconds on a large model before its first token."""
     h = hashlib.sha256()
     config = getattr(model, "config", None)
-    h.update((config.to_json_string() if config is not None else type(model).__name__).encode())
-    with torch.no_grad():
-        for name, t in model.state_dict().items():
-            flat = t.detach().reshape(-1)
-            sample = flat[:: max(1, flat.numel() // 4096)].cpu().contiguous()
-            total = float(torch.sum(flat, dtype=torch.float64)) if t.is_floating_point() else int(flat.sum())
-            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:{total!r}".encode())
-            h.update(sample.view(torch.uint8).numpy().tobytes())
+    h.update(
+        json.dumps(
+            config.to_dict() if config is not None else type(model).__name__, sort_keys=True, default=str
+        ).encode()
+    )
+    for name, t in model.state_dict().items():
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
     return h.hexdigest()
 
 
