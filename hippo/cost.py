@@ -12,12 +12,8 @@ Notation: p = target, q = draft, γ = draft length, α = probability that a draf
 - p's curve is measured once, q's t_draft live: where the load on the machine changes, or the
   context grows (a long video after a calibration on a short one), the two drift apart. So p's
   forwards are timed as they happen, target-only steps and verifications alike (a round's one
-  forward of k tokens, against t_verify(k)), and the plan decides on p's curve as it runs now
-  (`GammaPlan.live_curve`): each width's t_verify(k) times the median of the recent ratios at k,
-  interpolated between the widths seen and held at the nearest one's beyond them. One ratio for all
-  widths would not do: on a long context attention, which grows with k, weighs more than in the
-  calibration, so a wide verification costs more against a narrow one than the curve says (at
-  8,208 visual tokens, rescaling by one ratio drafted γ up to 9 where γ = 5 was faster).
+  forward of k tokens, against t_verify(k)), and the median of the recent ratios rescales p's curve
+  (`GammaPlan.scale`).
 - α: the acceptance seen so far in this call, recent rounds weighing more, and a prior that fades
   like an old round (`Acceptance`): 1/2, or the α of the pipeline's earlier jobs where the `auto`
   scheduler carries it (`AutoGamma.prior`). A round checks its accepted tokens and, if it rejected,
@@ -50,7 +46,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -80,10 +75,8 @@ def calibration_widths(gamma_max: int) -> list[int]:
 BACKOFF_START = 4
 BACKOFF_MAX = 256
 #: p's recent forwards (target-only steps, verifications) whose median ratio to the calibrated curve
-#: is reported as `GammaPlan.scale`
+#: rescales it (`GammaPlan.scale`)
 LIVE_STEPS = 16
-#: p's recent forwards of each width k whose median ratio rescales t_verify(k) (`GammaPlan.live_curve`)
-LIVE_PER_WIDTH = 4
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -325,9 +318,7 @@ class GammaPlan:
         self.target_steps = self.target_runs = self.probes = 0
         self.last: dict = {}  # the last decision's inputs and predicted tokens/s
         #: p's last LIVE_STEPS forwards of a round, each measured seconds over its curve's t_verify(k)
-        self.live_ratios: deque[float] = deque(maxlen=LIVE_STEPS)
-        #: the same ratios by width k, the last LIVE_PER_WIDTH of each (`live_curve`)
-        self.live_by_width: dict[int, deque[float]] = {}
+        self.live_ratios: list[float] = []
         #: p's (seconds, forwards, tokens fed, curve) before a round
         self._mark: tuple[float, int, int, VerifyCurve] | None = None
 
@@ -355,12 +346,13 @@ class GammaPlan:
         if curve is None or t_draft is None:
             return min(GAMMA_START, auto.gamma_max)
         alpha = self._alpha(stats)
-        live = self.live_curve(curve)
-        per_gamma = rates(live, alpha, t_draft, self.parallel, auto.gamma_max)
+        # p's curve times `scale` against q's live t_draft: the same as the curve against t_draft / scale
+        scale = self.scale
+        per_gamma = [r / scale for r in rates(curve, alpha, t_draft / scale, self.parallel, auto.gamma_max)]
         best = _best(per_gamma)
         self.last = {
             "alpha": alpha,
-            "t_decode": live(1),
+            "t_decode": curve(1) * scale,
             "t_draft": t_draft,
             "parallel": self.parallel,
             "tokens_per_second": {"target alone": per_gamma[0], f"draft γ={best}": per_gamma[best]},
@@ -403,26 +395,15 @@ class GammaPlan:
             if k < 1 and self.last.get("gamma") == 0:
                 k = 1
             if forwards == 1 and k >= 1 and seconds > 0:
-                self.live_ratios.append(seconds / curve(k))
-                self.live_by_width.setdefault(k, deque(maxlen=LIVE_PER_WIDTH)).append(seconds / curve(k))
+                self.live_ratios = [*self.live_ratios[1 - LIVE_STEPS :], seconds / curve(k)]
         self._mark = None
-
-    def live_curve(self, curve: VerifyCurve) -> VerifyCurve:
-        """`curve` (p's calibrated t_verify) as p's forwards run now: t_verify(k) times the median
-        ratio of p's recent forwards of width k to it, interpolated linearly in k between the widths
-        seen and held at the nearest seen width's beyond them (`curve` itself before any forward is
-        timed, or where t_draft is fixed too: `costs` then is the whole model)."""
-        if not self.live_by_width or self.auto.t_draft is not None:
-            return curve
-        seen = sorted(self.live_by_width)
-        ratio = VerifyCurve({k: statistics.median(self.live_by_width[k]) for k in seen})
-        return VerifyCurve({k: curve(k) * ratio(min(k, seen[-1])) for k in range(1, self.auto.gamma_max + 2)})
 
     @property
     def scale(self) -> float:
-        """p's live forward time over its calibrated curve, all widths together: the median of the
-        recent rounds' ratios (target-only steps and verifications), reported in `record` (the plan
-        itself rescales each width on its own, `live_curve`; 1 where t_draft is fixed too)."""
+        """p's live forward time over its calibrated curve: the median of the recent rounds' ratios
+        (target-only steps and verifications), so that p's calibrated curve and q's live t_draft
+        compare under the same load and context (1 where t_draft is fixed too: `costs` then is the
+        whole model)."""
         if not self.live_ratios or self.auto.t_draft is not None:
             return 1.0
         return statistics.median(self.live_ratios)

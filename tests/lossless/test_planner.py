@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import random
 
 import attrs
 import pytest
@@ -35,7 +34,6 @@ from hippo.cost import (
     GammaPlan,
     VerifyCurve,
     _best,
-    best_gamma,
     rates,
 )
 from hippo.errors import ConfigError
@@ -643,29 +641,6 @@ def test_live_verifications_rescale_the_calibrated_curve():
         gs = stale.next(stale_stats, 0.3)
         _round(stale_stats, gs, min(gs, 3))
     assert g > stale.next(stale_stats, 0.3) and first >= 1
-
-
-def test_each_width_is_rescaled_by_its_own_live_forwards():
-    """On a long context attention, which grows with the width k, weighs more than in the
-    calibration on a short one: here p's t_verify(k) takes 2 + 0.5·k against the curve's ~1 + 0.1·k.
-    One ratio for all widths would draft too long; the plan rescales each width it has seen by its
-    own ratio and settles on the γ that is best for p's forwards as they run (each draft accepted
-    with probability 0.8, t_draft 0.3)."""
-    short = {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.7, 17: 2.6}
-    long = VerifyCurve({k: 2.0 + 0.5 * k for k in range(1, 18)})
-    plan = AutoGamma(parallel=False, costs={"verify": short}).plan(prior=0.8)
-    stats, target, rng = Stats(), _Clock(), random.Random(0)
-    g, chosen = plan.next(stats, 0.3, target), []
-    for _ in range(40):
-        accepted = next((i for i in range(g) if rng.random() >= 0.8), g)
-        _round(stats, g, accepted)
-        target.step(long(g + 1), k=g + 1)
-        g = plan.next(stats, 0.3, target)
-        chosen.append((g, best_gamma(long, plan.record()["alpha"], 0.3, parallel=False)))
-    assert all(g == best for g, best in chosen[-10:]), chosen
-    assert plan.live_curve(plan.auto.curve)(g + 1) == pytest.approx(long(g + 1))
-    one_ratio = VerifyCurve({k: plan.auto.curve(k) * plan.scale for k in range(1, 18)})
-    assert best_gamma(one_ratio, plan.record()["alpha"], 0.3, parallel=False) > g
 
 
 def test_the_model_digest_follows_what_the_costs_depend_on(auto_scheduler):
