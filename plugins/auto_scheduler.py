@@ -122,11 +122,10 @@ def model_digest(model: torch.nn.Module) -> str:
     weight would cost each cold process seconds on a large model before its first token."""
     h = hashlib.sha256()
     config = getattr(model, "config", None)
-    h.update(
-        json.dumps(
-            config.to_dict() if config is not None else type(model).__name__, sort_keys=True, default=str
-        ).encode()
-    )
+    described = type(model).__name__
+    if config is not None:  # the same checkpoint loaded from another directory is the same model
+        described = {k: v for k, v in config.to_dict().items() if k != "_name_or_path"}
+    h.update(json.dumps(described, sort_keys=True, default=str).encode())
     for name, t in model.state_dict().items():
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
     return h.hexdigest()

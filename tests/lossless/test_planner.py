@@ -644,13 +644,15 @@ def test_live_verifications_rescale_the_calibrated_curve():
 
 
 def test_the_model_digest_follows_what_the_costs_depend_on(auto_scheduler):
-    """The cached costs are timings: retrained weights keep them (the digest reads no values, so a
-    cold process does not pass over every weight), another shape or dtype does not."""
+    """The cached costs are timings: retrained weights, or the checkpoint loaded from another
+    directory, keep them (the digest reads no values, so a cold process does not pass over every
+    weight); another shape or dtype does not."""
     model = copy.deepcopy(hm.tiny(ADAPTER, "draft"))  # the tiny models are shared: change a copy
     before = auto_scheduler.model_digest(model)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(0.5)
+    model.config._name_or_path = "/checkpoints/moved/elsewhere"
     assert auto_scheduler.model_digest(model) == before
     assert auto_scheduler.model_digest(copy.deepcopy(model).to(torch.float32)) != before
     wider = copy.deepcopy(model.config)
