@@ -18,6 +18,10 @@ from typing import Any
 
 import hippo
 from hippo.errors import HippoError, one_line
+from hippo.plugins.auto_scheduler import KEEP_RATIOS
+
+#: what --keep-ratio's help says `--scheduler auto` chooses among
+AUTO_KEEP = f"under --scheduler auto, each question's is chosen among it and {', '.join(f'{r:g}' for r in KEEP_RATIOS)}"
 
 EXIT_MISMATCH = 1
 EXIT_ERROR = 2
@@ -341,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-ratio",
         type=float,
         help="fraction of the visual tokens the draft sees, in (0, 1] (default: 1.0, the fastest here; "
-        "0.2 with --adapter); under --scheduler auto, each question's is chosen among it and 1, 0.25, 0.1, 0.05",
+        f"0.2 with --adapter); {AUTO_KEEP}",
     )
     d.add_argument(
         "--json", metavar="FILE", help="also write the full result as JSON to FILE ('-': JSON on stdout only)"
@@ -429,8 +433,7 @@ def _pipeline_args(
         "--keep-ratio",
         type=float,
         metavar="R",
-        help="fraction of the visual tokens the draft sees, in (0, 1] (0.1); under --scheduler auto, each "
-        "question's is chosen among it and 1, 0.25, 0.1, 0.05",
+        help=f"fraction of the visual tokens the draft sees, in (0, 1] (0.1); {AUTO_KEEP}",
     )
     s.add_argument(
         "--gamma",
