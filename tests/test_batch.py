@@ -153,15 +153,3 @@ def test_bad_batch_settings_raise_before_any_work(pair, kw):
     pipe = build_pipeline(*pair, scheduler="serial")
     with pytest.raises(ConfigError):
         pipe.map([], **kw)  # at the call, not at the first result
-
-
-@pytest.mark.parametrize("old, new, names", [("hippo.batch", "hippo.records", ["Record", "Result", "map_records"]),
-                                             ("hippo.rows", "hippo.padded", ["split_rows", "pad_rows"])])  # fmt: skip
-def test_the_renamed_modules_still_import_with_a_deprecation_warning(old, new, names):
-    import importlib
-    import sys
-
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=new):
-        module = importlib.import_module(old)
-    assert all(getattr(module, n) is getattr(importlib.import_module(new), n) for n in names)

@@ -328,13 +328,6 @@ def test_batched_form_is_refused_where_there_is_none():
     assert not pearl.can_batch()
     with pytest.raises(UnsupportedError, match="no batched form"):
         pearl.generate_batch([p.inputs, p.inputs], max_new_tokens=2)
-    with pytest.warns(DeprecationWarning, match="hippo.engine"):  # the old module, for one minor version
-        import importlib
-        import sys
-
-        sys.modules.pop("hippo.batched", None)
-        old = importlib.import_module("hippo.batched")
-    assert old.batch_gamma(pipe) == 4 and old.batch_gamma(pearl) is None
 
 
 def test_sampling_rows_reproduce_their_batch_one_draws():
