@@ -15,22 +15,20 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers.generation.streamers import BaseStreamer
 
 import hippo
 from hippo.registry import lookup
 
 from .command import DEFAULT_OUT
+from .report import FirstToken, environment, section
 from .tables import markdown_table
 
 # ---- methods ------------------------------------------------------------------------------------
@@ -303,29 +301,11 @@ def _hf_call(m: Method, w: Workload, inputs: dict, gen: dict) -> Callable[[], tu
     kwargs = {**gen, **extra.get(m.hf, {})}
 
     def call():
-        first = _FirstToken()
+        first = FirstToken()
         out = w.target.generate(**inputs, **kwargs, streamer=first)
         return out, {"seconds_ttft": first.seconds}
 
     return call
-
-
-class _FirstToken(BaseStreamer):
-    """Times HF generate's first new token inside the timed run itself: `generate` hands a streamer
-    the prompt first, then each new token (on CPU a no-op `.cpu()` and one call per step)."""
-
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.puts = 0
-        self.seconds = 0.0
-
-    def put(self, value: torch.Tensor) -> None:
-        self.puts += 1
-        if self.puts == 2:  # the first put is the prompt
-            self.seconds = time.perf_counter() - self.t0
-
-    def end(self) -> None:
-        pass
 
 
 def _hippo_call(pipe: hippo.Pipeline, inputs: dict, gen: dict) -> Callable[[], tuple[torch.Tensor, dict]]:
@@ -670,52 +650,6 @@ def plots(summary: dict, out: Path) -> list[Path]:
     return paths
 
 
-SIMD_FLAGS = ("sse4", "avx", "fma", "f16c", "amx")  # the instruction sets a CPU kernel's speed depends on
-
-
-def cpu_info(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> dict:
-    """The CPU's model name, its vector and matrix instruction sets (`lscpu`'s flags) and the kernel level
-    torch dispatches to (`torch.backends.cpu.get_cpu_capability()`: "AVX2", "AVX512", ...)."""
-    model, flags = platform.processor() or platform.machine(), []
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:  # not Linux
-        text = ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and value.strip():
-            model = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = value.split()
-    return {
-        "cpu_model": model,
-        "cpu_flags": sorted(f for f in set(flags) if f.startswith(SIMD_FLAGS)),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-    }
-
-
-def environment(seed: int, threads: int) -> dict:
-    import transformers
-
-    return {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        **cpu_info(),
-        "cpu_count": os.cpu_count(),
-        "threads": threads,
-        "core_split": {
-            "target-alone and serial methods": f"{threads} threads in one process",
-            "pearl / hippo": "target in this process, draft in its own process, 1 thread each",
-        },
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "hippo": hippo.__version__,
-        "seed": seed,
-    }
-
-
 def results_markdown(summary: dict) -> str:
     """The whole report as one Markdown document: the machine, CPU, versions and date, then the tables."""
     env, s = summary["environment"], summary["settings"]
@@ -761,8 +695,6 @@ def write_results(summary: dict, directory: Path, markdown_file: Path | None = N
     written[0].write_text(report)
     written[1].write_text(json.dumps(summary, indent=2, default=str))
     if markdown_file is not None:
-        from .long import section
-
         # a report file keeps its long-video section (`hippo bench --long --out FILE.md` writes it)
         kept = section(markdown_file.read_text()) if markdown_file.is_file() else ""
         markdown_file.write_text(report + (f"\n{kept}" if kept else ""))

@@ -47,6 +47,8 @@ import torch
 import hippo
 from hippo.errors import ModelError
 
+from .report import LONG_HEADING, section
+
 SWEEP = (576, 2048, 4096, 8192, 16384)
 QUICK_SWEEP = (576, 8192)
 KEEP_RATIOS = (0.05, 0.1, 0.25)
@@ -205,9 +207,9 @@ def one_question(row: Row, pipe: hippo.Pipeline | None, target: Any, c: Clip, ge
     with PeakMemory() as mem:
         t0 = time.perf_counter()
         if pipe is None:  # HF generate
-            from .bench import _FirstToken
+            from .report import FirstToken
 
-            first = _FirstToken()
+            first = FirstToken()
             seq = target.generate(**c.inputs, **gen, streamer=first)
             seconds = time.perf_counter() - t0
             stats, kept, prefill = {"seconds_ttft": first.seconds}, None, first.seconds
@@ -613,15 +615,6 @@ def _f(x: Any, spec: str = ".2f") -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-LONG_HEADING = "## Long videos (`hippo bench --long`)"
-
-
-def section(text: str) -> str:
-    """The long-video section of a Markdown report (from its heading to the end), or ""."""
-    i = text.find(LONG_HEADING)
-    return text[i:] if i >= 0 else ""
-
-
 def write_section(path: Path, report: str) -> None:
     """Put `report` (a long-video section) into the Markdown file at `path`, replacing its own."""
     text = path.read_text() if path.is_file() else ""
@@ -765,7 +758,7 @@ def main(
 ) -> dict:
     import json
 
-    from .bench import environment
+    from .report import environment
 
     report_file = Path(out) if str(out).endswith(".md") else None
     directory = Path("results/bench-long") if report_file is not None else Path(out)

@@ -155,7 +155,7 @@ def _fake_results(seconds: float, scheduler: str, mat: float | None = None) -> d
 def test_bench_out_md_writes_one_markdown_report_with_the_machine(tmp_path, monkeypatch):
     """`hippo bench --out FILE.md` writes the report (machine, CPU flags, versions, date, tables) to
     FILE.md and the raw files to results/bench; the run itself is replaced by a fixed fake result."""
-    from hippo.benchmarks import bench
+    from hippo.benchmarks import bench, report
 
     results = {
         "HF generate (target alone)": _fake_results(4.0, "autoregressive"),
@@ -175,7 +175,7 @@ def test_bench_out_md_writes_one_markdown_report_with_the_machine(tmp_path, monk
     monkeypatch.setattr(bench, "run", lambda *a, **k: bench.summarise(results, costs, k["gamma"]))
     monkeypatch.setattr(bench, "position_bias_chart", lambda w, keep, out: {})
     monkeypatch.setattr(
-        bench,
+        report,
         "cpu_info",
         lambda: {"cpu_model": "Test CPU 9000", "cpu_flags": ["avx2", "fma"], "cpu_capability": "AVX2"},
     )
@@ -204,7 +204,7 @@ def test_bench_out_md_writes_one_markdown_report_with_the_machine(tmp_path, monk
 
 
 def test_cpu_info_reads_the_model_and_the_vector_flags(tmp_path):
-    from hippo.benchmarks.bench import cpu_info
+    from hippo.benchmarks.report import cpu_info
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(
