@@ -2,7 +2,9 @@
 
 The law test (`assert_sampling_exact`) and `hippo check NAME --sampling` must reject every one of
 them; the suite asserts it (tests/test_testing.py). Each is a Verifier or Drafter registered the
-normal way, by a plugin object (`planted_plugin()`), so it runs inside a real pipeline:
+normal way, by a plugin object (`planted_plugin()`), so it runs inside a real pipeline. They
+build on the core's interfaces (`hippo.interfaces`, `hippo.accept`) and reach the stock parts
+through the registry, as a third-party plugin would:
 
 | name                      | the bug                                                                 |
 |---------------------------|-------------------------------------------------------------------------|
@@ -30,10 +32,10 @@ from typing import Any
 import torch
 
 import hippo
-from hippo.accept import residual
-from hippo.plugins.drafters import ChainDrafter
-from hippo.plugins.verifiers import TreeVerifier
+from hippo.accept import accept_greedy, residual
+from hippo.interfaces import Drafter, Verifier
 from hippo.proposal import DraftProposal, Verdict
+from hippo.registry import lookup
 from hippo.sampling import TokenPolicy
 from hippo.testing.drafters import registered
 
@@ -72,8 +74,9 @@ def _rule(
             return Verdict(tuple(path), int(torch.multinomial(law, 1, generator=generator)))
 
 
-class _PlantedRule(TreeVerifier):
-    """The stock verifier with one planted step (`rule_options`) when sampling."""
+class _PlantedRule(Verifier):
+    """The stock rule (`tree`: greedy when decoding greedily, rejection sampling when sampling) with
+    one planted step (`rule_options`), under greedy decoding too (its laws are then one-hot)."""
 
     rule_options: dict[str, Any] = {}
     trees = True  # it verifies token trees too (`_rule` walks the children), so every path can run it
@@ -108,20 +111,21 @@ class OffByOne(_PlantedRule):
     rule_options = {"rows": lambda p: torch.cat([p[1:], p[-1:]])}
 
 
-class DraftTemperature(ChainDrafter):
-    """The chain drafter sampling at four times the target's temperature, while it reports q as the
-    target's settings give it (the law the verifier then trusts)."""
+class DraftTemperature(Drafter):
+    """The registered `chain` drafter sampling at four times the target's temperature, while it
+    reports q as the target's settings give it (the law the verifier then trusts)."""
 
     factor = 4.0
+
+    def __init__(self, config: Any = None):
+        super().__init__(config)
+        self.base = lookup("drafters", "chain")()
 
     def propose(
         self, session, prefix, gamma, policy, should_stop=None
     ) -> DraftProposal:  # as Drafter.propose
-        if not policy.do_sample:
-            return super().propose(session, prefix, gamma, policy, should_stop)
-        hot = _HotPolicy(policy, self.factor)
-        out = super().propose(session, prefix, gamma, hot, should_stop)
-        return out
+        hot = _HotPolicy(policy, self.factor) if policy.do_sample else policy
+        return self.base.propose(session, prefix, gamma, hot, should_stop)
 
 
 class _HotPolicy(TokenPolicy):
@@ -153,17 +157,18 @@ class TreeUnnormalised(_PlantedRule):
     siblings = True
 
 
-class GreedyCollapse(TreeVerifier):
+class GreedyCollapse(Verifier):
     """Decodes greedily while asked to sample: a draft token is accepted iff it is p's argmax there,
     and the token after the accepted path is p's argmax (no draw). Its output is always the likeliest
     path, token by token: on a law check whose likeliest sequence holds <= 0.9 of the mass
     (`sampling.MAX_MODE`) it is at total variation >= 0.1 from the target's law."""
 
+    trees = True
     siblings = False
 
     def verify(self, proposal: DraftProposal, p_scores: torch.Tensor, policy: TokenPolicy) -> Verdict:
         if not policy.do_sample:
-            return super().verify(proposal, p_scores, policy)
+            return accept_greedy(proposal, p_scores)
         p = policy.distribution(p_scores).double().cpu()  # [n+1, V]
         children, tokens = proposal.children(), proposal.tokens.tolist()
         path, row = [], 0
