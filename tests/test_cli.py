@@ -341,3 +341,28 @@ def test_ci_and_tox_run_the_readme_test_command() -> None:
     assert [ln for ln in ci if "pytest" in ln and not ln.startswith("#")] == [command]
     tox = (root / "tox.ini").read_text()
     assert "HYPOTHESIS_PROFILE = ci" in tox and "commands = python -m pytest -q {posargs}" in tox
+
+
+def test_readme_and_docs_links_resolve() -> None:
+    """Every relative link of README.md and docs/*.md names a file that exists and, after a `#`, one
+    of its headings (GitHub's anchor: lower case, punctuation dropped, spaces as hyphens)."""
+    import re
+
+    root = Path(__file__).parents[1]
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    assert len(pages) > 1
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # an absolute URL
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.is_file():
+                broken.append(f"{page.name}: {target}")
+            elif anchor:
+                headings = re.findall(r"^#+ (.+)$", file.read_text(), re.M)
+                slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+                if anchor not in slugs:
+                    broken.append(f"{page.name}: {target}")
+    assert not broken, f"links to nothing: {broken}"

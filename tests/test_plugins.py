@@ -286,12 +286,13 @@ def test_hippo_plugins_lists_the_builtins(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_readme_plugin_example_is_the_fixture() -> None:
-    """The README's 'complete third-party plugin' is this tested fixture, word for word."""
+    """docs/plugins.md's 'complete third-party plugin' (linked from the README) is this tested
+    fixture, word for word."""
     import re
 
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme[readme.index("### A complete third-party plugin") :]
+    guide = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text()
+    section = guide[guide.index("## A complete third-party plugin") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     fixture = (FIXTURE / "hippo_thirdparty_example" / "__init__.py").read_text()
     assert code[code.index("import attrs") :] == fixture[fixture.index("import attrs") :]
@@ -301,3 +302,32 @@ def test_readme_plugin_example_is_the_fixture() -> None:
     assert shown["tool"] == real["tool"]
     for key in ("name", "version", "dependencies", "entry-points"):
         assert shown["project"][key] == real["project"][key]
+
+
+def test_readme_minimal_plugin_is_the_fixtures_own() -> None:
+    """The README's minimal plugin is the tested fixture's: its entry point, its imports, and each
+    class and function it shows, word for word; and it registers what it defines."""
+    import ast
+    import re
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Plugins") :]
+    section = section[: section.index("\n## ", 1)]
+    shown = tomllib.loads(re.search(r"```toml\n(.*?)```", section, re.S).group(1))
+    real = tomllib.loads((FIXTURE / "pyproject.toml").read_text())
+    assert shown == {"project": {"entry-points": real["project"]["entry-points"]}}
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    fixture = (FIXTURE / "hippo_thirdparty_example" / "__init__.py").read_text()
+    ours = {n.name: ast.get_source_segment(fixture, n) for n in ast.parse(fixture).body if hasattr(n, "name")}
+    tree = ast.parse(code)
+    defs = [n for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)]
+    assert [n.name for n in defs] == ["NormScorer", "hippo_register_scorers"]
+    for n in defs:
+        assert ast.get_source_segment(code, n) == ours[n.name], n.name
+    imports = [ast.unparse(n) for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    assert imports and all(f"\n{line}\n" in f"\n{fixture}" for line in imports)
+    assert len(tree.body) == len(defs) + len(imports)  # nothing else
+    namespace: dict = {}
+    exec(compile(tree, "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
+    assert namespace["hippo_register_scorers"]() == {"example_norm": namespace["NormScorer"]}
