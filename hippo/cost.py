@@ -47,12 +47,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from hippo.errors import ConfigError
-from hippo.interfaces import ModelSession
 from hippo.types import Stats
 
 #: The longest draft a `gamma="auto"` round asks for.
@@ -126,8 +125,19 @@ def time_widths(
     return VerifyCurve(seconds)
 
 
+class Timed(Protocol):
+    """What a calibration times: k-token forwards after the first `length` tokens, each rolled back
+    (a `hippo.interfaces.ModelSession`; the cost model needs nothing else of it)."""
+
+    length: int
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor: ...  # tokens [k] -> logits [k, V]
+
+    def rollback(self, length: int) -> None: ...
+
+
 def measure_verify_curve(
-    session: ModelSession,
+    session: Timed,
     prefix: torch.Tensor,  # [T] the sequence the session holds a prefix of
     widths: Sequence[int] = (1, 2, 4, 8, 16),
     repeats: int = 3,
@@ -267,7 +277,7 @@ class AutoGamma:
         """The widths k a calibration times (`calibration_widths`)."""
         return calibration_widths(self.gamma_max)
 
-    def calibrate(self, target: ModelSession, prefix: torch.Tensor) -> None:  # prefix [T]
+    def calibrate(self, target: Timed, prefix: torch.Tensor) -> None:  # prefix [T]
         """Measure t_verify once (the first call with this scheduler); later calls keep the curve."""
         if self.curve is None:
             self.curve = measure_verify_curve(target, prefix, self.widths)

@@ -42,10 +42,11 @@ from transformers.cache_utils import DynamicLayer
 
 from hippo.cost import VerifyCurve, time_widths
 from hippo.errors import UnsupportedError
+from hippo.forward import embeddable, step_logits
 from hippo.gqa import grouped_query_sdpa
+from hippo.interfaces import ModelSession
 from hippo.kvcache import SlabLayer
 from hippo.packed import PackedLinears
-from hippo.session import KVSession, embeddable, step_logits
 
 #: compact when at least this share of the cache's slots (beyond the longest row) are holes ...
 COMPACT_SHARE = 0.125
@@ -61,7 +62,9 @@ class BatchedCache:
     consumed after its prompt, in order (rollback invalidates slots from the end).
     """
 
-    def __init__(self, sessions: Sequence[KVSession], packed: PackedLinears | None = None, max_rows: int = 0):
+    def __init__(
+        self, sessions: Sequence[ModelSession], packed: PackedLinears | None = None, max_rows: int = 0
+    ):
         if not sessions:
             raise ValueError("a batched cache needs at least one row")
         _check(sessions)
@@ -81,7 +84,7 @@ class BatchedCache:
         self.join(sessions)
 
     @torch.inference_mode()
-    def join(self, sessions: Sequence[KVSession]) -> None:
+    def join(self, sessions: Sequence[ModelSession]) -> None:
         """Add rows after the live ones: the prefilled batch-1 sessions' caches are copied in (close
         the sessions afterwards). Every cache is padded to the longest's slots."""
         _check(sessions)
@@ -242,9 +245,10 @@ class BatchedCache:
         self.valid = torch.arange(keep)[None] < counts[:, None]  # [B, keep]
 
 
-def _check(sessions: Sequence[KVSession]) -> None:
+def _check(sessions: Sequence[ModelSession]) -> None:
+    """Each session a transformers model's, on a cache of full-attention layers (`hippo.session.KVSession`'s)."""
     for s in sessions:
-        if not isinstance(s, KVSession) or getattr(s.cache, "layers", None) is None:
+        if getattr(getattr(s, "cache", None), "layers", None) is None:
             raise UnsupportedError(
                 f"batched decoding needs prefilled KVSessions with a transformers DynamicCache, got "
                 f"{type(s).__name__}; build the pipeline without static-cache sessions"
