@@ -482,6 +482,12 @@ def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     )
     o = _pipeline_args(g)
     o.add_argument(
+        "--system",
+        metavar="TEXT",
+        help="a system message, rendered by the chat template as the system turn before the video and "
+        "the prompt (as a served request's system message is)",
+    )
+    o.add_argument(
         "--compare-ar",
         action="store_true",
         help="also decode with the target alone (scheduler autoregressive) and report the speedup and "
