@@ -22,8 +22,8 @@ import torch
 
 from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
 from hippo.checkpoint import check_output, check_same_backbone
-from hippo.errors import ConfigError, HippoError
 from hippo.conversation import Prompt
+from hippo.errors import ConfigError, HippoError
 from hippo.media.inputs import (
     build_video_inputs,
     check_checkpoint,
