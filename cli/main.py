@@ -675,6 +675,18 @@ def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         help="GiB of prepared video contexts kept, least recently used out first (default: %(default)s)",
     )
     o.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="clients must send Authorization: Bearer KEY to /v1 (401 otherwise); default: the "
+        "HIPPO_API_KEY environment variable, else no key",
+    )
+    o.add_argument(
+        "--allowed-hosts",
+        metavar="H1,H2",
+        help="Host headers served, comma-separated ('*.example.com' patterns; 400 otherwise); "
+        "default: any",
+    )
+    o.add_argument(
         "--served-model-name",
         metavar="NAME",
         help="the model name clients send (default: the target's folder name)",
