@@ -683,8 +683,7 @@ def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     o.add_argument(
         "--allowed-hosts",
         metavar="H1,H2",
-        help="Host headers served, comma-separated ('*.example.com' patterns; 400 otherwise); "
-        "default: any",
+        help="Host headers served, comma-separated ('*.example.com' patterns; 400 otherwise); default: any",
     )
     o.add_argument(
         "--served-model-name",

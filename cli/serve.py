@@ -38,6 +38,7 @@ try:
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from pydantic import BaseModel, ConfigDict, Field
+    from starlette.exceptions import HTTPException
 except ImportError as exc:  # pragma: no cover - the serve extra is missing
     raise ConfigError(
         f"hippo serve needs FastAPI, uvicorn and prometheus_client ({exc.name} is missing): "
@@ -353,6 +354,13 @@ def create_app(
     app = FastAPI(title="hippo", lifespan=lifespan)
     app.state.service, app.state.metrics = service, metrics
     app.add_middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: HTTPRequest, exc: HTTPException) -> JSONResponse:
+        """FastAPI's own refusals (a body it cannot parse, a route or method it has not) in OpenAI's JSON."""
+        if exc.status_code < 500:
+            metrics.requests.labels("bad_request").inc()
+        return error_response(exc.status_code, str(exc.detail), None, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RecursionError)
     @app.exception_handler(ValueError)

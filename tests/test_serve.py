@@ -209,6 +209,7 @@ def test_a_seeded_sample_reproduces_whatever_shares_its_batch(server):
     "body, status, param",
     [
         ("{not json", 400, None),
+        ("[" * 100_000 + "]" * 100_000, 400, None),  # nested past the parser's recursion limit
         ({"model": "other", "messages": "M"}, 404, "model"),
         ({"model": MODEL, "messages": "OUTSIDE"}, 403, "messages[0].content[0].video_url.url"),
         ({"model": MODEL, "messages": "MISSING"}, 400, "messages[0].content[0].video_url.url"),
