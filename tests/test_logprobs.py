@@ -99,3 +99,39 @@ def test_no_logprobs_are_computed_unless_asked_for(pair):
     job.logprobs = 0
     pipe.engine().run([job])
     assert len(job.token_logprobs) == len(job.tokens) and all(top == [] for _, top in job.token_logprobs)
+
+
+@pytest.mark.parametrize("scheduler", ["serial_tree", "pearl"])
+def test_logprobs_of_tree_rounds_and_parallel_schedules(pair, scheduler, monkeypatch):
+    """`generate` with token trees (the accepted path's rows, siblings skipped) and PEARL's
+    post-verify (a round without its bonus token): the same log-probs as HF generate's logits."""
+    from hippo.job import DecodeJob
+
+    jobs = []
+    init = DecodeJob.__init__
+
+    def asking(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.logprobs = TOP
+        jobs.append(self)
+
+    monkeypatch.setattr(DecodeJob, "__init__", asking)
+    target = str(pair["target"])
+    pipe = (
+        hippo.PipelineBuilder()
+        .target(target, dtype=torch.float64)
+        .draft(target, dtype=torch.float64)  # the target drafts for itself: long accepted paths
+        .drafter("tree")
+        .scorer("holistic")
+        .selector("topk", keep_ratio=1.0)
+        .scheduler(scheduler, gamma=3)
+        .build()
+    )
+    x = load_video_inputs(pipe.target_adapter, pair["videos"][1], "describe the video .", max_pixels=3136)
+    tokens, lps = reference(pipe, x, 12)
+    out = pipe.generate(x, do_sample=False, max_new_tokens=12)
+    assert out.sequences[0, x["input_ids"].shape[1] :].tolist() == tokens
+    s = out.stats
+    assert s.accepted_per_round and max(s.accepted_per_round) > 0
+    assert any(g > n for n, g in zip(s.accepted_per_round, s.drafted_per_round))  # siblings skipped
+    assert_same(jobs[-1].token_logprobs, lps)
