@@ -636,9 +636,10 @@ def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
             "decoding options below are the defaults of requests that do not set them."
         ),
         epilog=(
-            "Install with pip install 'hippo[serve]'. A request's max_tokens, temperature (0: greedy), "
-            "top_p, top_k, seed and stop override the defaults, and frames, fps, max_pixels can be sent "
-            "as extra fields. SIGTERM stops accepting, drains the requests in flight for up to --drain "
+            "Install with pip install 'hippo[serve]'. A request's max_tokens (clamped to the context), "
+            "temperature (0: greedy), top_p, top_k, repetition_penalty, seed and stop override the "
+            "defaults, and frames, fps, max_pixels can be sent as extra fields; system messages, logprobs "
+            "and top_logprobs are honoured, and unsupported fields refused (docs/serving-api.md). SIGTERM stops accepting, drains the requests in flight for up to --drain "
             "seconds, then exits 0."
         ),
     )

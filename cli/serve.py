@@ -5,10 +5,13 @@ them; `stream` gives server-sent events in OpenAI's chunk format, usage in the l
 /v1/models`, `GET /health`, `GET /metrics` (Prometheus text). Every answer is the target's own, as
 `hippo generate` gives it; hippo's extras (MAT, the plan, the token ids) ride in a `hippo` field.
 
+Every OpenAI field is honoured, refused by name or (carrying no semantics) ignored: docs/serving-api.md.
 Errors are OpenAI's JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad request
-(malformed JSON, a bad field, a missing video, a prompt longer than the context), 403 for a video
-outside `--media-dir`, 404 for another model, 429 with Retry-After when the queue is full, 503
-when a context cannot fit in memory or the server is stopping. SIGTERM stops accepting, lets the
+(malformed JSON, a bad or unsupported field, a missing video or a path no file can have, a prompt
+longer than the context, video options past the context or memory, another Host than
+`--allowed-hosts`), 401 without the `--api-key`, 403 for a video outside `--media-dir`, 404 for
+another model, 429 with Retry-After when the queue is full, 503 when a context cannot fit in memory
+or the server is stopping. SIGTERM stops accepting, lets the
 requests in flight finish for up to `--drain` seconds and exits 0.
 """
 
