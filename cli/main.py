@@ -482,6 +482,12 @@ def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
     )
     o = _pipeline_args(g)
     o.add_argument(
+        "--system",
+        metavar="TEXT",
+        help="a system message, rendered by the chat template as the system turn before the video and "
+        "the prompt (as a served request's system message is)",
+    )
+    o.add_argument(
         "--compare-ar",
         action="store_true",
         help="also decode with the target alone (scheduler autoregressive) and report the speedup and "
@@ -630,9 +636,10 @@ def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
             "decoding options below are the defaults of requests that do not set them."
         ),
         epilog=(
-            "Install with pip install 'hippo[serve]'. A request's max_tokens, temperature (0: greedy), "
-            "top_p, top_k, seed and stop override the defaults, and frames, fps, max_pixels can be sent "
-            "as extra fields. SIGTERM stops accepting, drains the requests in flight for up to --drain "
+            "Install with pip install 'hippo[serve]'. A request's max_tokens (clamped to the context), "
+            "temperature (0: greedy), top_p, top_k, repetition_penalty, seed and stop override the "
+            "defaults, and frames, fps, max_pixels can be sent as extra fields; system messages, logprobs "
+            "and top_logprobs are honoured, and unsupported fields refused (docs/serving-api.md). SIGTERM stops accepting, drains the requests in flight for up to --drain "
             "seconds, then exits 0."
         ),
     )
@@ -667,6 +674,17 @@ def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         default=4.0,
         metavar="G",
         help="GiB of prepared video contexts kept, least recently used out first (default: %(default)s)",
+    )
+    o.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="clients must send Authorization: Bearer KEY to /v1 (401 otherwise); default: the "
+        "HIPPO_API_KEY environment variable, else no key",
+    )
+    o.add_argument(
+        "--allowed-hosts",
+        metavar="H1,H2",
+        help="Host headers served, comma-separated ('*.example.com' patterns; 400 otherwise); default: any",
     )
     o.add_argument(
         "--served-model-name",

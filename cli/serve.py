@@ -5,10 +5,13 @@ them; `stream` gives server-sent events in OpenAI's chunk format, usage in the l
 /v1/models`, `GET /health`, `GET /metrics` (Prometheus text). Every answer is the target's own, as
 `hippo generate` gives it; hippo's extras (MAT, the plan, the token ids) ride in a `hippo` field.
 
+Every OpenAI field is honoured, refused by name or (carrying no semantics) ignored: docs/serving-api.md.
 Errors are OpenAI's JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad request
-(malformed JSON, a bad field, a missing video, a prompt longer than the context), 403 for a video
-outside `--media-dir`, 404 for another model, 429 with Retry-After when the queue is full, 503
-when a context cannot fit in memory or the server is stopping. SIGTERM stops accepting, lets the
+(malformed JSON, a bad or unsupported field, a missing video or a path no file can have, a prompt
+longer than the context, video options past the context or memory, another Host than
+`--allowed-hosts`), 401 without the `--api-key`, 403 for a video outside `--media-dir`, 404 for
+another model, 429 with Retry-After when the queue is full, 503 when a context cannot fit in memory
+or the server is stopping. SIGTERM stops accepting, lets the
 requests in flight finish for up to `--drain` seconds and exits 0.
 """
 
@@ -19,13 +22,16 @@ import asyncio
 import contextlib
 import json
 import math
+import os
+import secrets
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlparse
 
-from hippo.errors import ConfigError, InputError, MemoryBudgetError, one_line
+from hippo.errors import ConfigError, HippoError, InputError, MemoryBudgetError, one_line
 from hippo.service import Overloaded, Request, Service, check_media
 
 try:
@@ -35,6 +41,7 @@ try:
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from pydantic import BaseModel, ConfigDict, Field
+    from starlette.exceptions import HTTPException
 except ImportError as exc:  # pragma: no cover - the serve extra is missing
     raise ConfigError(
         f"hippo serve needs FastAPI, uvicorn and prometheus_client ({exc.name} is missing): "
@@ -43,8 +50,42 @@ except ImportError as exc:  # pragma: no cover - the serve extra is missing
 
 
 # ---- the request, as OpenAI's chat completions take it --------------------------------------------
+#: fields that change nothing in an answer: accepted and ignored
+IGNORED = ("user", "store", "metadata", "service_tier")
+
+#: OpenAI fields hippo serve does not support, each with the values that mean "not used" (accepted)
+REFUSED: dict[str, tuple] = {
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "response_format": (None, {"type": "text"}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "parallel_tool_calls": (None,),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
+    "verbosity": (None,),
+    "prompt_cache_key": (None,),
+    "safety_identifier": (None,),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "min_p": (None, 0, 0.0),
+}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+
+
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # `unsupported` refuses what is not declared here
 
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -53,14 +94,41 @@ class ChatRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=1)
+    repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(default=None)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     n: Literal[1] = 1
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     # the video's frames (hippo's extras, as `hippo generate` takes them; extra_body in the client)
     frames: int | None = Field(default=None, ge=1)
     fps: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_pixels: int | None = Field(default=None, ge=1)
+
+
+def unsupported(body: ChatRequest) -> None:
+    """BadRequest naming the first field that hippo serve would otherwise silently drop."""
+    for name, value in (body.model_extra or {}).items():
+        if name in IGNORED:
+            continue
+        if name not in REFUSED:
+            raise BadRequest(400, f"{name}: unknown field; hippo serve does not take it", name)
+        if value not in REFUSED[name]:
+            raise BadRequest(
+                400,
+                f"{name}: not supported by hippo serve (it answers with the target's own tokens only); "
+                "leave it out",
+                name,
+            )
+    if body.top_logprobs is not None and not body.logprobs:
+        raise BadRequest(400, "top_logprobs: set logprobs to true to use it", "top_logprobs")
+    if body.stream_options is not None and not body.stream:
+        raise BadRequest(400, "stream_options: only allowed with stream: true", "stream_options")
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stops) > 4 or not all(stops):
+        raise BadRequest(400, "stop: at most 4 non-empty strings", "stop")
 
 
 class BadRequest(Exception):
@@ -84,17 +152,30 @@ def error_response(
 
 def parse_messages(
     messages: list[dict[str, Any]], media_dir: str
-) -> tuple[str, list[tuple[str, str | None]]]:
-    """(the video's path, the (question, answer) turns): the first user message holds one video_url
-    part; user and assistant messages alternate after it, ending with a user message."""
-    video, turns = None, []
+) -> tuple[str, list[tuple[str, str | None]], str | None]:
+    """(the video's path, the (question, answer) turns, the system turn or None): system and developer
+    messages (text) come first and are joined into the system turn; the first user message holds one
+    video_url part; user and assistant messages alternate after it, ending with a user message."""
+    video, turns, system = None, [], []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise BadRequest(400, f"{where} must be an object with role and content", where)
         role, content = m.get("role"), m.get("content")
+        if role in ("system", "developer"):
+            if turns:
+                raise BadRequest(
+                    400,
+                    f"{where} is a {role} message after the conversation started; put system and "
+                    "developer messages first",
+                    where,
+                )
+            system.append(_text_only(content, where))
+            continue
         if role not in ("user", "assistant"):
             raise BadRequest(
                 400,
-                f"{where}.role is {role!r}; hippo serve takes user and assistant messages",
+                f"{where}.role is {role!r}; hippo serve takes system, developer, user and assistant messages",
                 f"{where}.role",
             )
         expected = "user" if not turns or turns[-1][1] is not None else "assistant"
@@ -143,7 +224,18 @@ def parse_messages(
         raise BadRequest(
             400, "the last message must be the user's question", f"messages[{len(messages) - 1}]"
         )
-    return video, turns
+    return video, turns, "\n".join(system) if system else None
+
+
+def _text_only(content: Any, where: str) -> str:
+    """A system or developer message's text (a string, or text parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    raise BadRequest(400, f"{where}.content must be text (a string or text parts)", f"{where}.content")
 
 
 def _video_path(value: Any, where: str, media_dir: str) -> str:
@@ -163,9 +255,12 @@ def _video_path(value: Any, where: str, media_dir: str) -> str:
     path = unquote(parsed.path)
     try:
         real = check_media(path, media_dir)
+        is_file = Path(real).is_file()
     except PermissionError as exc:
         raise BadRequest(403, str(exc), f"{where}.url", "permission_error") from None
-    if not Path(real).is_file():
+    except (InputError, OSError, ValueError) as exc:  # a NUL byte, a name over the OS's limit
+        raise BadRequest(400, f"{where}.url: {one_line(exc)}", f"{where}.url") from None
+    if not is_file:
         raise BadRequest(400, f"{where}.url: no such video file {path!r}", f"{where}.url")
     return real
 
@@ -187,6 +282,8 @@ def generation_of(body: ChatRequest, defaults: dict[str, Any] | None = None) -> 
     if not gen.get("do_sample"):
         for key in ("temperature", "top_p", "top_k"):
             gen.pop(key, None)
+    if body.repetition_penalty is not None:
+        gen["repetition_penalty"] = body.repetition_penalty
     if body.seed is not None:
         gen["seed"] = body.seed
     return gen
@@ -243,11 +340,14 @@ def create_app(
     drain: float = 30.0,
     generation: dict[str, Any] | None = None,  # the defaults of a request's settings
     video: dict[str, Any] | None = None,  # the defaults of its frames, fps, max_pixels
+    api_key: str | None = None,  # /v1 asks for `Authorization: Bearer <api_key>`
+    allowed_hosts: Sequence[str] | None = None,  # Host headers served (None: any)
 ) -> FastAPI:
     """The FastAPI app serving `service` under the model name `model`."""
     video_defaults = video
     metrics = Metrics(service)
     started = int(time.time())
+    tokenizer = service.tokenizer
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -256,12 +356,34 @@ def create_app(
 
     app = FastAPI(title="hippo", lifespan=lifespan)
     app.state.service, app.state.metrics = service, metrics
+    app.add_middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: HTTPRequest, exc: HTTPException) -> JSONResponse:
+        """FastAPI's own refusals (a body it cannot parse, a route or method it has not) in OpenAI's JSON."""
+        if exc.status_code < 500:
+            metrics.requests.labels("bad_request").inc()
+        return error_response(exc.status_code, str(exc.detail), None, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RecursionError)
+    @app.exception_handler(ValueError)
+    @app.exception_handler(TypeError)
+    @app.exception_handler(LookupError)
+    @app.exception_handler(OSError)
+    @app.exception_handler(HippoError)
+    async def _failed_request(request: HTTPRequest, exc: Exception) -> JSONResponse:
+        """Whatever one request's own input made fail (a value no check foresaw) is a 400 naming it;
+        the connection and the requests after it go on."""
+        metrics.requests.labels("bad_request").inc()
+        if isinstance(exc, MemoryBudgetError):
+            return error_response(503, one_line(exc), None, "service_unavailable", {"Retry-After": "5"})
+        return error_response(400, f"the request cannot be answered: {one_line(exc)}")
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
+        loc = [x for x in first.get("loc", ()) if x != "body"]
+        param = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in loc).lstrip(".") or None
         if first.get("type") == "json_invalid":
             return error_response(400, f"the body is not valid JSON: {first.get('msg')}")
         metrics.requests.labels("bad_request").inc()
@@ -292,7 +414,8 @@ def create_app(
                     "model",
                     "not_found_error",
                 )
-            path, turns = parse_messages(body.messages, media_dir)
+            unsupported(body)
+            path, turns, system = parse_messages(body.messages, media_dir)
             stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
             options = {
                 k: getattr(body, k) for k in ("frames", "fps", "max_pixels") if getattr(body, k) is not None
@@ -301,7 +424,8 @@ def create_app(
             if options.keys() & {"frames", "fps"}:  # one of them: the request's replaces the server's
                 defaults.pop("frames", None), defaults.pop("fps", None)
             options = {**defaults, **options}
-            request = Request(path, turns, options, generation_of(body, generation), stop)
+            top = (body.top_logprobs or 0) if body.logprobs else None
+            request = Request(path, turns, options, generation_of(body, generation), stop, system, top)
         except BadRequest as exc:
             metrics.requests.labels("bad_request").inc()
             return error_response(exc.status, exc.message, exc.param, exc.kind)
@@ -316,20 +440,29 @@ def create_app(
         first = await events.get()
         if first[0] == "error":
             return _failed(first[1], metrics)
-        reply = Reply(model)
+        reply = Reply(model, tokenizer)
         if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(
-                _stream(reply, events, ticket, service, metrics), media_type="text/event-stream"
+                _stream(reply, events, ticket, service, metrics, usage), media_type="text/event-stream"
             )
+        collect = asyncio.ensure_future(_collect(events))
+        gone = asyncio.ensure_future(_disconnected(http))
         try:
-            text, info, t_first = await _collect(events)
-        except asyncio.CancelledError:  # the client went away
-            service.cancel(ticket)
-            raise
+            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not collect.done():  # the client went away (or this task was cancelled): free its row
+                collect.cancel()
+                service.cancel(ticket)
+                metrics.requests.labels("disconnected").inc()
+        if not collect.done():
+            return error_response(499, "the client closed the connection")  # nobody reads it
+        text, info, t_first, logprobs = collect.result()
         if isinstance(info, BaseException):
             return _failed(info, metrics)
         metrics.finished(info, t_first)
-        return JSONResponse(reply.whole(text, info))
+        return JSONResponse(reply.whole(text, info, logprobs if body.logprobs else None))
 
     return app
 
@@ -339,28 +472,88 @@ def _failed(error: BaseException, metrics: Metrics) -> JSONResponse:
         metrics.requests.labels("overloaded").inc()
         return error_response(503, one_line(error), None, "service_unavailable", {"Retry-After": "5"})
     metrics.requests.labels("bad_request").inc()
-    return error_response(400, one_line(error))
+    return error_response(400, one_line(error), getattr(error, "param", None))
 
 
-async def _collect(events: asyncio.Queue) -> tuple[str, Any, float | None]:
-    text, t_first, t0 = [], None, time.perf_counter()
+async def _collect(events: asyncio.Queue) -> tuple[str, Any, float | None, list]:
+    text, logprobs, t_first, t0 = [], [], None, time.perf_counter()
     while True:
         ev = await events.get()
         if ev[0] == "delta":
             if t_first is None:
                 t_first = time.perf_counter() - t0
             text.append(ev[1])
+            logprobs += ev[3]
         elif ev[0] == "end":
-            return "".join(text), ev[1], t_first
+            return "".join(text), ev[1], t_first, logprobs
         elif ev[0] == "error":
-            return "", ev[1], t_first
+            return "", ev[1], t_first, logprobs
+
+
+async def _disconnected(http: HTTPRequest) -> None:
+    """Returns once the client has closed the connection (the body was read already)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+class Guard:
+    """ASGI middleware: the Host header must be one of `allowed_hosts` (400 otherwise; `*` and
+    `*.domain` patterns, as Starlette's TrustedHostMiddleware), and /v1 must carry
+    `Authorization: Bearer <api_key>` when there is one (401 otherwise, as vLLM's --api-key)."""
+
+    def __init__(self, app: Any, api_key: str | None = None, allowed_hosts: Sequence[str] | None = None):
+        self.app, self.api_key = app, api_key
+        self.hosts = None if not allowed_hosts or "*" in allowed_hosts else list(allowed_hosts)
+
+    def _host_ok(self, host: str) -> bool:
+        host = host.rsplit(":", 1)[0] if not host.endswith("]") else host  # drop the port
+        host = host.strip("[]").lower()
+        return any(
+            host == h or (h.startswith("*.") and host.endswith(h[1:]))
+            for h in (x.lower() for x in self.hosts)
+        )
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            response = None
+            if self.hosts is not None and not self._host_ok(headers.get("host", "")):
+                response = error_response(400, f"invalid Host header {headers.get('host', '')!r}", None)
+            elif self.api_key is not None and scope["path"].startswith("/v1"):
+                given = headers.get("authorization", "")
+                if not secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                    response = error_response(
+                        401,
+                        "missing or wrong API key: send Authorization: Bearer <the server's --api-key>",
+                        None,
+                        "authentication_error",
+                        {"WWW-Authenticate": "Bearer"},
+                    )
+            if response is not None:
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class Reply:
     """OpenAI's response objects for one request."""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, tokenizer: Any = None):
         self.id, self.model, self.created = f"chatcmpl-{uuid.uuid4().hex}", model, int(time.time())
+        self.tokenizer = tokenizer
+
+    def logprobs(self, pairs: Sequence[tuple[int, Any]]) -> dict:
+        """OpenAI's `logprobs` object: each token's text, log-prob and bytes, and its top alternatives."""
+
+        def one(token: int, lp: float | None) -> dict:
+            text = self.tokenizer.decode([token])
+            return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+        content = []
+        for token, entry in pairs:
+            lp, top = entry if entry is not None else (None, [])
+            content.append({**one(token, lp), "top_logprobs": [one(i, v) for i, v in top]})
+        return {"content": content, "refusal": None}
 
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -382,10 +575,11 @@ class Reply:
             "kept_visual_tokens": s.kept_visual_tokens,
         }
 
-    def whole(self, text: str, info: dict) -> dict:
+    def whole(self, text: str, info: dict, logprobs: list | None = None) -> dict:
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
+            "logprobs": None if logprobs is None else self.logprobs(logprobs),
             "finish_reason": info["finish_reason"],
         }
         return {
@@ -395,19 +589,33 @@ class Reply:
             "hippo": self.extras(info),
         }
 
-    def chunk(self, delta: dict, finish: str | None = None, info: dict | None = None) -> str:
-        out = {
-            **self._base("chat.completion.chunk"),
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
+    def chunk(
+        self,
+        delta: dict,
+        finish: str | None = None,
+        info: dict | None = None,
+        logprobs: dict | None = None,
+        choices: bool = True,
+    ) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        out = {**self._base("chat.completion.chunk"), "choices": [choice] if choices else []}
         if info is not None:
             out["usage"], out["hippo"] = self.usage(info), self.extras(info)
         return f"data: {json.dumps(out, default=str)}\n\n"
 
 
-async def _stream(reply: Reply, events: asyncio.Queue, ticket: Any, service: Service, metrics: Metrics):
-    """The answer as server-sent events; a client that goes away cancels its row."""
+async def _stream(
+    reply: Reply,
+    events: asyncio.Queue,
+    ticket: Any,
+    service: Service,
+    metrics: Metrics,
+    include_usage: bool = False,  # stream_options.include_usage: a last chunk of usage, no choices
+):
+    """The answer as server-sent events; a client that goes away cancels its row. The usage (and
+    hippo's extras) ride in the chunk with the finish reason too."""
     t0, t_first, done = time.perf_counter(), None, False
+    wants_logprobs = ticket.request.logprobs is not None
     try:
         yield reply.chunk({"role": "assistant", "content": ""})
         while True:
@@ -415,11 +623,14 @@ async def _stream(reply: Reply, events: asyncio.Queue, ticket: Any, service: Ser
             if ev[0] == "delta":
                 if t_first is None:
                     t_first = time.perf_counter() - t0
-                if ev[1]:
-                    yield reply.chunk({"content": ev[1]})
+                if ev[1] or (wants_logprobs and ev[3]):
+                    lp = reply.logprobs(ev[3]) if wants_logprobs else None
+                    yield reply.chunk({"content": ev[1]}, logprobs=lp)
             elif ev[0] == "end":
                 metrics.finished(ev[1], t_first)
                 yield reply.chunk({}, ev[1]["finish_reason"], ev[1])
+                if include_usage:
+                    yield reply.chunk({}, info=ev[1], choices=False)
                 break
             else:
                 body = {
@@ -447,6 +658,16 @@ def check_serve_options(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"--prefill-chunk must be >= 0 tokens (0: a prefill in one piece), got {args.prefill_chunk}"
         )
+
+
+def access_options(args: argparse.Namespace) -> tuple[str | None, list[str] | None]:
+    """(the API key: --api-key, else $HIPPO_API_KEY; the allowed Host names: --allowed-hosts)."""
+    key = getattr(args, "api_key", None) or os.environ.get("HIPPO_API_KEY") or None
+    hosts = getattr(args, "allowed_hosts", None)
+    names = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+    if hosts is not None and not names:
+        raise ConfigError("--allowed-hosts needs host names, comma-separated (or '*' for any)")
+    return key, names
 
 
 def build_app(args: argparse.Namespace) -> tuple[FastAPI, Any, str]:
@@ -480,7 +701,8 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, Any, str]:
             cache_bytes=int(args.cache_gb * (1 << 30)),
             prefill_rows=args.prefill_chunk or None,
         )
-        return create_app(service, name, args.media_dir, args.drain, defaults, video), pipe, name
+        app = create_app(service, name, args.media_dir, args.drain, defaults, video, *access_options(args))
+        return app, pipe, name
     except BaseException:
         pipe.close()
         raise

@@ -60,6 +60,8 @@ def replica_options(args: argparse.Namespace) -> dict[str, Any]:
         if options.get(key) is not None:
             options[key] = absolute(options[key])
     options["ray"] = None  # a replica serves in its own process
+    if not options.get("api_key") and os.environ.get("HIPPO_API_KEY"):  # a replica's node may lack it
+        options["api_key"] = os.environ["HIPPO_API_KEY"]
     return options
 
 

@@ -22,6 +22,7 @@ import torch
 
 from hippo.builder import PartSpec, PipelineBuilder, PipelineConfig
 from hippo.checkpoint import check_output, check_same_backbone
+from hippo.conversation import Prompt
 from hippo.errors import ConfigError, HippoError
 from hippo.media.inputs import (
     build_video_inputs,
@@ -317,8 +318,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         try:
             clip, audio = read_inputs(args, ready, bars)
             pipe = builder.build()
+            prompt = Prompt(args.prompt, args.system) if args.system else args.prompt
             inputs = build_video_inputs(
-                pipe.target_adapter, tokenizer, clip, args.prompt, max_pixels=args.max_pixels, audio=audio
+                pipe.target_adapter, tokenizer, clip, prompt, max_pixels=args.max_pixels, audio=audio
             )
             ar_pipe = None
             if args.compare_ar:  # like with like: both warm (one untimed one-token run each, so that
@@ -404,6 +406,7 @@ def _settings(
         "fps": args.fps,
         "max_pixels": args.max_pixels,
         "prompt": args.prompt,
+        "system": getattr(args, "system", None),
     }
 
 

@@ -104,7 +104,9 @@ class RoundJob(Protocol):
     stats: Any  # hippo.types.Stats
 
     def prefix(self) -> torch.Tensor: ...  # [T]
-    def emit(self, tokens: list[int]) -> int: ...
+    def emit(
+        self, tokens: list[int], logits: torch.Tensor | None = None, rows: list[int] | None = None
+    ) -> int: ...
     def observe(self, side: str, what: str, t0: float, **fields: Any) -> None: ...
 
 
@@ -148,7 +150,9 @@ def settle(
         verdict = Verdict(verdict.path, None)
     keep(verdict.path)
     nxt = [] if verdict.next_token is None else [verdict.next_token]
-    kept = job.emit([*proposal.tokens[list(verdict.path)].tolist(), *nxt])
+    # each emitted token's row of p's logits: the root, then after each accepted node
+    rows = [0, *(c + 1 for c in verdict.path)]
+    kept = job.emit([*proposal.tokens[list(verdict.path)].tolist(), *nxt], logits, rows)
     # `kept` < accepted + 1 only in the last round (token budget or EOS reached)
     job.stats.record_round(proposal.size, verdict.n_accepted, kept, verdict.n_accepted < proposal.depth)
     return verdict, kept

@@ -33,9 +33,28 @@ def as_ids(question: Sequence[int] | torch.Tensor) -> torch.Tensor:  # -> [k] lo
     return ids
 
 
-def messages(turns: Sequence[tuple[str, str | None]]) -> list[dict[str, Any]]:
-    """Chat messages: the first user turn holds the video; each answered turn adds the answer."""
-    out: list[dict[str, Any]] = []
+class Prompt(str):
+    """A prompt with a system turn: the chat template renders `system` as the system message before
+    the user turn (`hippo.media.inputs.chat_text`, `messages`). A plain str has none, so it passes
+    through every adapter's `build_inputs` unchanged."""
+
+    system: str | None
+
+    def __new__(cls, text: str, system: str | None = None) -> Prompt:
+        obj = super().__new__(cls, text)
+        obj.system = system
+        return obj
+
+
+def system_message(system: str | None) -> list[dict[str, Any]]:
+    """The system turn's message (none for None or an empty text)."""
+    return [{"role": "system", "content": system}] if system else []
+
+
+def messages(turns: Sequence[tuple[str, str | None]], system: str | None = None) -> list[dict[str, Any]]:
+    """Chat messages: the system turn (if any), then the first user turn holds the video; each
+    answered turn adds the answer."""
+    out: list[dict[str, Any]] = system_message(system)
     for i, (question, answer) in enumerate(turns):
         content: list[dict[str, Any]] = [{"type": "video"}] if i == 0 else []
         out.append({"role": "user", "content": [*content, {"type": "text", "text": question}]})
@@ -44,8 +63,11 @@ def messages(turns: Sequence[tuple[str, str | None]]) -> list[dict[str, Any]]:
     return out
 
 
-def text_question_ids(ctx: VideoContext, turns: Sequence[tuple[str, str | None]]) -> torch.Tensor:  # -> [k]
-    """The tokens after the video's last placeholder in the chat template's rendering of `turns`."""
+def text_question_ids(
+    ctx: VideoContext, turns: Sequence[tuple[str, str | None]], system: str | None = None
+) -> torch.Tensor:  # -> [k]
+    """The tokens after the video's last placeholder in the chat template's rendering of `turns`
+    (after the `system` turn: the context must have been prepared with the same one)."""
     tok = ctx.tokenizer
     if tok is None:
         raise InputError(
@@ -56,7 +78,7 @@ def text_question_ids(ctx: VideoContext, turns: Sequence[tuple[str, str | None]]
         raise InputError("the question is empty; type a question about the video")
     if not getattr(tok, "chat_template", None):
         raise ModelError("the tokenizer has no chat template; use the checkpoint's own tokenizer files")
-    text = tok.apply_chat_template(messages(turns), add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(messages(turns, system), add_generation_prompt=True, tokenize=False)
     video = getattr(ctx.pipeline.target.config, "video_token_id", None)
     placeholder = (
         tok.convert_ids_to_tokens(int(video)) if isinstance(video, int) and video < len(tok) else None

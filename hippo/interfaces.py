@@ -325,7 +325,11 @@ class Job(Protocol):
     @property
     def length(self) -> int: ...  # T: prompt + emitted tokens
     def prefill_draft(self) -> ModelSession: ...
-    def emit(self, tokens: Sequence[int]) -> int: ...  # returns how many were kept (EOS, token budget)
+    # returns how many were kept (EOS, token budget); `logits` [m, V]: p's raw logits token i was
+    # chosen from, at row rows[i] (None: row i), read only when log-probabilities were asked for
+    def emit(
+        self, tokens: Sequence[int], logits: torch.Tensor | None = None, rows: Sequence[int] | None = None
+    ) -> int: ...
     def step_from(self, logits: torch.Tensor) -> int: ...  # [1, V]: emit p's own next token
     def finish(self) -> None: ...  # books the stats and closes the sessions
 

@@ -93,6 +93,22 @@ class FreshPrompt:
         return None
 
 
+def token_logprobs(
+    logits: torch.Tensor,  # [n, V] p's raw logits, row i the one token i was chosen from
+    tokens: Sequence[int],  # [n]
+    k: int,  # alternatives per token
+) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Each token's log-probability under log_softmax(logits) and the k likeliest (token, log-prob)
+    pairs, computed on the logits' device and read back in one transfer. p's own distribution, before
+    temperature, top-p or penalties: every emitted token was scored by p, so this is exact."""
+    lp = torch.log_softmax(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32), -1)
+    chosen = lp.gather(-1, torch.as_tensor(tokens, device=lp.device)[:, None])  # [n, 1]
+    top = lp.topk(min(k, lp.shape[-1]), -1)  # values, indices [n, k]
+    rows = torch.cat([chosen, top.values, top.indices.to(lp.dtype)], -1).tolist()  # [n, 1 + 2k]
+    k = top.values.shape[-1]
+    return [(r[0], [(int(i), v) for v, i in zip(r[1 : 1 + k], r[1 + k :])]) for r in rows]
+
+
 class DecodeJob:
     """Prompt, sessions, emitted tokens and stats of one generation.
 
@@ -139,6 +155,11 @@ class DecodeJob:
         self.keep_ratio: float | None = None
         #: what made this job fail in a batch while the other rows went on (`hippo.engine`), or None
         self.error: BaseException | None = None
+        #: log-probabilities to report: None (the default) computes none; k >= 0 gives each emitted
+        #: token's log-probability under p's raw logits and the k likeliest alternatives, in
+        #: `token_logprobs` (one entry per token of `tokens`, see `token_logprobs`)
+        self.logprobs: int | None = None
+        self.token_logprobs: list[tuple[float, list[tuple[int, float]]] | None] = []
         self._t0 = time.perf_counter()
         self._target: ModelSession | None = None
         self._target_encoded = None
@@ -157,8 +178,14 @@ class DecodeJob:
     def prefix(self) -> torch.Tensor:  # [T]
         return torch.cat([self.prompt_ids, torch.tensor(self.tokens, dtype=torch.long)])
 
-    def emit(self, tokens: Sequence[int]) -> int:
-        """Append accepted tokens, stopping at EOS or the token budget; returns how many were kept."""
+    def emit(
+        self,
+        tokens: Sequence[int],
+        logits: torch.Tensor | None = None,  # [m, V] p's raw logits the tokens were chosen from
+        rows: Sequence[int] | None = None,  # token i was chosen from logits[rows[i]] (None: row i)
+    ) -> int:
+        """Append accepted tokens, stopping at EOS or the token budget; returns how many were kept.
+        With `logprobs` set, the kept tokens' log-probabilities are read from `logits` (else None)."""
         out = []
         for tok in tokens:
             if self.done:
@@ -169,6 +196,12 @@ class DecodeJob:
         if out and not self.tokens:
             self.stats.seconds_ttft = time.perf_counter() - self._t0
         self.tokens.extend(out)
+        if out and self.logprobs is not None:
+            if logits is None:  # a schedule that emits without p's logits: none to report
+                self.token_logprobs += [None] * len(out)
+            else:
+                picked = logits[list(rows[: len(out)])] if rows is not None else logits[: len(out)]
+                self.token_logprobs += token_logprobs(picked, out, self.logprobs)
         if out and self.streamer is not None:
             self.streamer.put(torch.tensor(out, dtype=torch.long))
         return len(out)
@@ -282,7 +315,7 @@ class DecodeJob:
     def step_from(self, logits: torch.Tensor) -> int:  # logits [1, V]: p's, after the prefix
         """Emit p's own next token from its logits (a step of the target alone); how many were kept."""
         scores = self.policy.process(self.prefix(), logits)[0]  # [V]
-        return self.emit([self.policy.choose(scores)])
+        return self.emit([self.policy.choose(scores)], logits)
 
     #: the one verification round (hippo.accept): score, accept, keep, emit, book
     verify_round = verify_round

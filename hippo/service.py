@@ -39,6 +39,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import hashlib
+import math
 import os
 import queue
 import threading
@@ -47,9 +48,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
+import torch
 
 from hippo.context import Turn
-from hippo.conversation import text_question_ids
+from hippo.conversation import Prompt, text_question_ids
 from hippo.errors import HippoError, InputError, MemoryBudgetError, one_line
 
 #: video options that make two requests about one file need two contexts
@@ -60,6 +62,12 @@ PREFILL_ROWS = 256
 
 #: `Service.stall_seconds` keeps this many of the latest waits (a server runs for days)
 STALLS_KEPT = 10_000
+
+#: content hashes of video files kept (`ContextCache.digest`)
+DIGESTS_KEPT = 4096
+
+#: the share of the free host memory a video's decoded frames may take (`bound_video`)
+FRAME_MEMORY_SHARE = 0.5
 
 
 class Overloaded(HippoError):
@@ -76,14 +84,18 @@ class Request:
     video_options: dict[str, Any] = attrs.field(factory=dict)  # frames, fps, max_pixels
     generation: dict[str, Any] = attrs.field(factory=dict)  # max_new_tokens, do_sample, ..., seed
     stop: Sequence[str] = ()  # stop strings: the answer ends before the first one
+    system: str | None = None  # the system turn, before the video (part of the video context's key)
+    logprobs: int | None = None  # None: no log-probabilities; k: each token's and its top k
 
 
 class Ticket:
     """A submitted request: its events, in order, through `notify` (default: `events`, a queue).
 
-    Events: ("started", {"prompt_tokens"}) once admitted; ("delta", text, token ids) as tokens are
-    accepted; then ("end", info) or ("error", HippoError). `info`: finish_reason ("stop" or
-    "length"), prompt_tokens, completion_tokens, the answer's text and token ids, and the job's stats.
+    Events: ("started", {"prompt_tokens"}) once admitted; ("delta", text, token ids, log-probs) as
+    tokens are accepted (log-probs: (token, `DecodeJob.token_logprobs` entry) of each token since
+    the last delta, [] unless asked for);
+    then ("end", info) or ("error", HippoError). `info`: finish_reason ("stop" or "length"),
+    prompt_tokens, completion_tokens, the answer's text and token ids, and the job's stats.
     """
 
     def __init__(self, request: Request, tokenizer: Any, notify: Callable[[tuple], None] | None = None):
@@ -96,6 +108,8 @@ class Ticket:
         self.key: tuple | None = None  # its video context's key (`ContextCache.key`), once the loop reads it
         self.key_error: HippoError | None = None  # why the key could not be read (the request fails)
         self.tokens: list[int] = []
+        self.logprobs: list[Any] = []  # the job's token_logprobs of `tokens`, when asked for
+        self._sent = 0  # tokens (and their log-probs) already delivered
         self.text = ""
         self.stopped = False  # a stop string was reached: the loop cancels the row
         self.ended = False
@@ -114,6 +128,8 @@ class Ticket:
             return
         new = [int(x) for x in ids.reshape(-1).tolist()]
         self.tokens += new
+        if self.job is not None and self.request.logprobs is not None:
+            self.logprobs += self.job.token_logprobs[len(self.logprobs) : len(self.tokens)]
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
         if text.endswith("\ufffd"):  # half a character: wait for the rest
             return
@@ -122,7 +138,9 @@ class Ticket:
             text, self.stopped = text[:cut], True
         delta, self.text = text[len(self.text) :], text
         if delta or new:
-            self.notify(("delta", delta, new))
+            lps = list(zip(self.tokens[self._sent :], self.logprobs[self._sent :]))
+            self._sent = len(self.tokens)
+            self.notify(("delta", delta, new, lps))
 
     def end(self) -> None:
         pass  # the loop ends the ticket once the job's stats are final
@@ -161,11 +179,39 @@ class ContextCache:
         self.pipeline, self.tokenizer, self.max_bytes = pipeline, tokenizer, max_bytes
         self.entries: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self.hits = self.misses = 0
+        #: content hashes by (path, size, mtime): a file is hashed once, not on every request
+        self.digests: collections.OrderedDict[tuple, str] = collections.OrderedDict()
+        self.hashed = 0  # files read to hash them
 
-    @staticmethod
-    def key(path: str, options: dict[str, Any]) -> tuple:
-        """The context's key: the file's content hash and the video options (InputError: unreadable)."""
-        return (_digest(path), *(options.get(k) for k in VIDEO_OPTIONS))
+    def key(self, path: str, options: dict[str, Any], system: str | None = None) -> tuple:
+        """The context's key: the file's content hash, the video options and the system turn (which
+        comes before the video in the prompt) (InputError: unreadable)."""
+        return (self.digest(path), *(options.get(k) for k in VIDEO_OPTIONS), system)
+
+    def digest(self, path: str) -> str:
+        """The file's content hash, cached by (path, size, mtime): a changed file is hashed again."""
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError) as exc:
+            raise InputError(
+                f"cannot read the video {path!r} ({getattr(exc, 'strerror', None) or exc})"
+            ) from None
+        stamp = (path, st.st_size, st.st_mtime_ns)
+        found = self.digests.get(stamp)
+        if found is None:
+            found = self.digests[stamp] = _digest(path)
+            self.hashed += 1
+            while len(self.digests) > DIGESTS_KEPT:
+                self.digests.popitem(last=False)
+        self.digests.move_to_end(stamp)
+        return found
+
+    def read(self, path: str, options: dict[str, Any], system: str | None = None) -> dict[str, Any]:
+        """The processor inputs of the video file for a context (its prefix: the question is cut
+        off), after the system turn; the options are bounded first (`bound_video`)."""
+        bound_video(self.pipeline, path, options)
+        prompt = Prompt("?", system) if system else "?"
+        return self.pipeline.video_inputs(path, prompt, tokenizer=self.tokenizer, **options)
 
     def holds(self, key: tuple) -> bool:
         ctx = self.entries.get(key)
@@ -175,15 +221,17 @@ class ContextCache:
     def nbytes(self) -> int:
         return sum(ctx.nbytes for ctx in self.entries.values())
 
-    def get(self, path: str, options: dict[str, Any], key: tuple | None = None) -> Any:
-        """The context for (path, options), prepared now if the cache does not hold it."""
-        key = self.key(path, options) if key is None else key
+    def get(
+        self, path: str, options: dict[str, Any], key: tuple | None = None, system: str | None = None
+    ) -> Any:
+        """The context for (path, options, system), prepared now if the cache does not hold it."""
+        key = self.key(path, options, system) if key is None else key
         ctx = self.entries.get(key)
         if ctx is not None and not ctx.closed:
             self.hits += 1
             self.entries.move_to_end(key)
             return ctx
-        *_, ctx = self.prepare(path, key, **options)
+        *_, ctx = self.prepare(self.read(path, options, system), key)
         return ctx
 
     def prepare(
@@ -339,7 +387,8 @@ class Service:
         for ticket in tickets:
             if ticket.key is None and ticket.key_error is None:
                 try:
-                    ticket.key = self.contexts.key(ticket.request.video, ticket.request.video_options)
+                    req = ticket.request
+                    ticket.key = self.contexts.key(req.video, req.video_options, req.system)
                 except HippoError as exc:
                     ticket.key_error = exc
 
@@ -374,7 +423,7 @@ class Service:
             prep = self.preparing.get(ticket.key)
             if prep is None:
                 req = ticket.request
-                reading = self.reader.submit(self._read, req.video, req.video_options)
+                reading = self.reader.submit(self.contexts.read, req.video, req.video_options, req.system)
                 prep = self.preparing[ticket.key] = _Preparation(reading)
             prep.tickets.append(ticket)
             return
@@ -419,11 +468,6 @@ class Service:
                 for ticket in prep.tickets:
                     self._start(ticket, ctx)
 
-    def _read(self, path: str, options: dict[str, Any]) -> dict[str, Any]:  # on the media thread
-        """The processor inputs of the video file (decoded and laid out): no model runs here, so the
-        live rows' rounds go on meanwhile."""
-        return self.pipeline.video_inputs(path, "?", tokenizer=self.tokenizer, **options)
-
     def _drop(self, key: tuple) -> None:
         prep = self.preparing.pop(key)
         prep.reading.cancel()
@@ -446,12 +490,16 @@ class Service:
             if ticket.key_error is not None:
                 raise ticket.key_error
             if ctx is None:
-                ctx = self.contexts.get(req.video, req.video_options, key=ticket.key)
-            turn = Turn(ctx, text_question_ids(ctx, req.turns))
+                ctx = self.contexts.get(req.video, req.video_options, key=ticket.key, system=req.system)
+            turn = Turn(ctx, text_question_ids(ctx, req.turns, req.system))
             generation = dict(req.generation)
             seed = generation.pop("seed", None)
-            ticket.job = self.pipeline.job(turn=turn, seed=seed, streamer=ticket, **generation)
-            ticket.notify(("started", {"prompt_tokens": int(turn.prompt_ids.shape[0])}))
+            job = self.pipeline.job(turn=turn, seed=seed, streamer=ticket, **generation)
+            L = int(turn.prompt_ids.shape[0])
+            # the answer ends at the context's end: "length", as at max_tokens
+            job.max_new_tokens = min(job.max_new_tokens, self.pipeline.target_adapter.context_length() - L)
+            job.logprobs, ticket.job = req.logprobs, job
+            ticket.notify(("started", {"prompt_tokens": L}))
             self.engine.expected_rows = len(self.live) + 1 + len(self.pending)
             joined = self.engine.add(ticket.job)
         except HippoError as exc:
@@ -516,9 +564,89 @@ class Service:
         )
 
 
+class VideoOptionError(InputError):
+    """A video option the context or the memory cannot take (`param`: which one)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+def bound_video(pipeline: Any, path: str, options: dict[str, Any]) -> None:
+    """Refuse video options before any frame is decoded: the frames they sample (read from the file's
+    header) must fit the target's context (each frame, or each temporal patch of frames, takes at
+    least one token: a lower bound on the prompt), the KV budget of a context that long
+    (`hippo.context.check_budget`), and, decoded, a share of the free host memory. VideoOptionError
+    names the option to lower."""
+    try:
+        import av
+    except ImportError:  # no PyAV: the frames are decoded without this check
+        return
+    from hippo.context import MiB, available_bytes, estimate_bytes
+
+    try:
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            n_file, rate = int(stream.frames or 0), float(stream.average_rate or 0)
+            width, height = int(stream.codec_context.width), int(stream.codec_context.height)
+            if not n_file and stream.duration is not None and stream.time_base is not None:
+                n_file = int(float(stream.duration * stream.time_base) * rate)
+    except Exception:  # noqa: BLE001 - unreadable here: the decoder names what is wrong
+        return
+    frames, fps = options.get("frames"), options.get("fps")
+    param = "frames" if frames is not None else "fps"
+    if frames is not None:
+        n = int(frames)  # more than the file has: the decoder's error names it
+    elif n_file:
+        n = min(n_file, max(1, math.floor(n_file / rate * (fps or 2.0)))) if rate > 0 else n_file
+    else:
+        return
+    adapter = pipeline.target_adapter
+    vision = getattr(adapter.model.config, "vision_config", None)
+    temporal = int(getattr(vision, "temporal_patch_size", 1) or 1)
+    tokens = math.ceil(n / temporal)  # at least one token per (temporal patch of) frame(s)
+    ctx = adapter.context_length()
+    if tokens >= ctx:
+        raise VideoOptionError(
+            f"{param}: {n} frames take at least {tokens} tokens but the target's context is {ctx}; ask "
+            f"for fewer frames (frames= or a lower fps=)",
+            param,
+        )
+    # the budget and the device's memory with every cached context evicted (the cache evicts for it)
+    estimate, budget = estimate_bytes(adapter, tokens), pipeline.context_budget
+    live = sum(c.nbytes for c in list(pipeline._contexts) if not c.closed)
+    free = available_bytes(next(pipeline.target.parameters()).device)
+    room = min(x for x in (budget, None if free is None else free + live, math.inf) if x is not None)
+    if estimate > room:
+        raise VideoOptionError(
+            f"{param}: {n} frames take at least {tokens} tokens, whose context needs about "
+            f"{estimate / MiB:.1f} MiB, but at most {room / MiB:.1f} MiB can be given to it; ask for "
+            "fewer frames (frames= or a lower fps=)",
+            param,
+        )
+    pixels = min(width * height, options.get("max_pixels") or width * height)
+    need = n * (width * height * 3 + pixels * 3 * 4)  # uint8 frames, then float pixel values
+    free = available_bytes(torch.device("cpu"))
+    if free is not None and need > FRAME_MEMORY_SHARE * free:
+        raise VideoOptionError(
+            f"{param}: {n} frames of {width}x{height} need about {need / MiB:.0f} MiB decoded, but "
+            f"{free / MiB:.0f} MiB are free; ask for fewer frames (frames= or a lower fps=) or a "
+            "lower max_pixels",
+            param,
+        )
+
+
 def check_media(path: str, media_dir: str) -> str:
-    """The real path of `path` if it lies under `media_dir`; PermissionError otherwise."""
-    real, root = os.path.realpath(path), os.path.realpath(media_dir)
+    """The real path of `path` if it lies under `media_dir`; PermissionError otherwise, InputError
+    for a path no file can have (a NUL byte, a name over the OS's limit)."""
+    if "\x00" in path:
+        raise InputError("the video path has a NUL byte; no file can have that name")
+    try:
+        real, root = os.path.realpath(path), os.path.realpath(media_dir)
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"the video path cannot name a file ({getattr(exc, 'strerror', None) or exc})"
+        ) from None
     if os.path.commonpath([real, root]) != root:
         raise PermissionError(f"{path!r} is outside the media directory; only files under it are read")
     return real

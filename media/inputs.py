@@ -27,6 +27,7 @@ import torch
 
 from hippo.builder import check_device  # noqa: F401 - re-exported for the CLI
 from hippo.checkpoint import check_backbone_fits, check_checkpoint  # noqa: F401 - re-exported
+from hippo.conversation import system_message
 from hippo.errors import ConfigError, HippoError, InputError, ModelError, VideoError
 from hippo.media.video import open_sampled
 from hippo.sampling import check_vocab
@@ -321,10 +322,12 @@ def resize_frames(frames: torch.Tensor, height: int, width: int) -> torch.Tensor
 
 
 def chat_text(tokenizer: Any, prompt: str) -> str:
-    """One user turn (a video item, then the prompt) through the tokenizer's chat template."""
+    """One user turn (a video item, then the prompt) through the tokenizer's chat template, after the
+    system turn of a `hippo.conversation.Prompt` (`hippo generate --system`, a served system message)."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise InputError("the prompt is empty; pass the question or instruction about the video")
-    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": prompt}]}]
+    user = {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": str(prompt)}]}
+    messages = [*system_message(getattr(prompt, "system", None)), user]
     if not getattr(tokenizer, "chat_template", None):
         raise ModelError(
             "the tokenizer has no chat template; use the checkpoint's own tokenizer files "

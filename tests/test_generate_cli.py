@@ -261,6 +261,37 @@ def test_sampling_is_reproducible_and_compared_fairly(env, tmp_path, capsys) -> 
     assert "outputs identical: yes" in last or "expected when sampling" in last
 
 
+def test_system_is_the_chat_templates_system_turn(env, tmp_path) -> None:
+    """--system: the answer is target.generate's on the chat template's rendering of the system turn,
+    then the video and the prompt (another prompt than without it)."""
+    from hippo.conversation import Prompt
+    from hippo.media.inputs import load_video_inputs
+
+    path = tmp_path / "s.json"
+    assert main(argv(env, "--system", "this is a bright red square .", "--json", str(path))) == 0
+    got = json.loads(path.read_text())
+    assert got["settings"]["system"] == "this is a bright red square ."
+    pipe = (
+        hippo.PipelineBuilder().target(env["target"], dtype=torch.float64).scheduler("autoregressive").build()
+    )
+    system = Prompt(PROMPT, "this is a bright red square .")
+    inputs = load_video_inputs(pipe.target_adapter, env["video"], system, frames=4, max_pixels=3136)
+    plain = load_video_inputs(pipe.target_adapter, env["video"], PROMPT, frames=4, max_pixels=3136)
+    text = pipe_tokenizer(env).decode(inputs["input_ids"][0])
+    assert "<|im_start|> system this is a bright red square . <|im_end|> <|im_start|> user" in text
+    assert inputs["input_ids"].shape[1] > plain["input_ids"].shape[1]
+    L = inputs["input_ids"].shape[1]
+    with torch.inference_mode():
+        ref = pipe.target.generate(**inputs, max_new_tokens=10, do_sample=False)
+    assert got["tokens"] == ref[0, L:].tolist()
+
+
+def pipe_tokenizer(env):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(env["target"])
+
+
 # ---- bad input ---------------------------------------------------------------------------------------
 
 CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
@@ -507,7 +538,7 @@ def test_bias_writes_png_and_json(env, tmp_path, capsys) -> None:
             "generate",
             "--target --draft --video --prompt --backbone --scheduler --scorer --selector --keep-ratio --gamma "
             "--frames --fps --max-pixels --max-new-tokens --do-sample --temperature --top-p --top-k --seed "
-            "--device --dtype --compare-ar --json --config --no-progress --debug",
+            "--device --dtype --system --compare-ar --json --config --no-progress --debug",
         ),
         (
             "bias",

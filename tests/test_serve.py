@@ -209,6 +209,7 @@ def test_a_seeded_sample_reproduces_whatever_shares_its_batch(server):
     "body, status, param",
     [
         ("{not json", 400, None),
+        ("[" * 100_000 + "]" * 100_000, 400, None),  # nested past the parser's recursion limit
         ({"model": "other", "messages": "M"}, 404, "model"),
         ({"model": MODEL, "messages": "OUTSIDE"}, 403, "messages[0].content[0].video_url.url"),
         ({"model": MODEL, "messages": "MISSING"}, 400, "messages[0].content[0].video_url.url"),
@@ -219,6 +220,27 @@ def test_a_seeded_sample_reproduces_whatever_shares_its_batch(server):
         ({"model": MODEL, "messages": "M", "max_tokens": 0}, 400, "max_tokens"),
         ({"model": MODEL, "messages": "M", "frames": 100000}, 400, None),  # more frames than the video has
         ({"model": MODEL}, 400, "messages"),
+        ({"model": MODEL, "messages": "NUL"}, 400, "messages[0].content[0].video_url.url"),
+        ({"model": MODEL, "messages": "NULPCT"}, 400, "messages[0].content[0].video_url.url"),
+        ({"model": MODEL, "messages": "LONGPATH"}, 400, "messages[0].content[0].video_url.url"),
+        ({"model": MODEL, "messages": "LATESYSTEM"}, 400, "messages[1]"),
+        ({"model": MODEL, "messages": "M", "logit_bias": {"7": 5}}, 400, "logit_bias"),
+        ({"model": MODEL, "messages": "M", "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ({"model": MODEL, "messages": "M", "frequency_penalty": 1}, 400, "frequency_penalty"),
+        (
+            {"model": MODEL, "messages": "M", "response_format": {"type": "json_object"}},
+            400,
+            "response_format",
+        ),
+        ({"model": MODEL, "messages": "M", "tools": [{"type": "function"}]}, 400, "tools"),
+        ({"model": MODEL, "messages": "M", "tool_choice": "auto"}, 400, "tool_choice"),
+        ({"model": MODEL, "messages": "M", "n": 2}, 400, "n"),
+        ({"model": MODEL, "messages": "M", "no_such_field": 1}, 400, "no_such_field"),
+        ({"model": MODEL, "messages": "M", "top_logprobs": 2}, 400, "top_logprobs"),
+        ({"model": MODEL, "messages": "M", "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+        ({"model": MODEL, "messages": "M", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+        ({"model": MODEL, "messages": "M", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        ({"model": MODEL, "messages": [1]}, 400, "messages[0]"),
     ],
 )
 def test_bad_requests_get_openai_errors_and_the_server_stays_healthy(server, body, status, param):
@@ -240,8 +262,15 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_healthy(server, bod
             }
         ],
         "NOVIDEO": [{"role": "user", "content": "hi"}],
+        "NUL": messages(Path(f"{server['media']}/a\x00b.mp4"), "what happens ?"),
+        "NULPCT": messages(Path(f"{server['media']}/a%00b.mp4"), "what happens ?"),
+        "LONGPATH": messages(server["media"] / ("x" * 5000 + ".mp4"), "what happens ?"),
+        "LATESYSTEM": [
+            *messages(server["short"], "what happens ?"),
+            {"role": "system", "content": "be brief"},
+        ],
     }
-    if isinstance(body, dict) and "messages" in body:
+    if isinstance(body, dict) and isinstance(body.get("messages"), str):
         body = {**body, "messages": parts[body["messages"]]}
     data = body if isinstance(body, str) else json.dumps(body)
     r = httpx.post(
@@ -253,6 +282,147 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_healthy(server, bod
     if param is not None:
         assert error["param"] == param, error
     assert httpx.get(f"{server['base']}/health").json() == {"status": "ok"}
+
+
+@ONE_SERVER
+def test_unreadable_paths_leave_the_connection_to_the_next_request(server):
+    """A NUL byte or a name over the OS's limit in the URL: a 400 with OpenAI's JSON, and the same
+    keep-alive connection answers the next request."""
+    url = f"{server['base']}/v1/chat/completions"
+    with httpx.Client(timeout=120) as http:
+        for name in ("a\x00b.mp4", "a%00b.mp4", "x" * 5000 + ".mp4", "d/" * 3000 + "v.mp4"):
+            r = http.post(url, json={"model": MODEL, "messages": messages(server["media"] / name, "what ?")})
+            assert r.status_code == 400 and r.json()["error"]["code"] == 400, r.text
+        r = http.post(url, json={"model": MODEL, "messages": messages(server["short"], "what happens ?")})
+        assert r.status_code == 200, r.text
+
+
+def reference(server, video, question, system=None, max_new_tokens=8, **gen):
+    """(prompt length, HF generate's greedy tokens, its raw logits cast to float32 [n, V])."""
+    from hippo.conversation import Prompt
+
+    pipe = (
+        hippo.PipelineBuilder().target(str(server["target"]), dtype=torch.float64).scheduler("autoregressive")
+    )
+    pipe = pipe.build()
+    prompt = Prompt(question, system) if system else question
+    inputs = load_video_inputs(pipe.target_adapter, video, prompt, max_pixels=MAX_PIXELS)
+    L = inputs["input_ids"].shape[1]
+    with torch.inference_mode():
+        out = pipe.target.generate(
+            **inputs, max_new_tokens=max_new_tokens, do_sample=False, output_logits=True,
+            return_dict_in_generate=True, **gen,
+        )  # fmt: skip
+    return L, out.sequences[0, L:].tolist(), torch.cat(out.logits)
+
+
+@ONE_SERVER
+def test_system_and_developer_messages_are_the_chat_templates_system_turn(server):
+    client = server["client"]
+    for msgs, system in [
+        ([{"role": "system", "content": "this is a red square ."}], "this is a red square ."),
+        (
+            [
+                {"role": "developer", "content": [{"type": "text", "text": "this is"}]},
+                {"role": "system", "content": "a bright bar ."},
+            ],
+            "this is\na bright bar .",
+        ),
+    ]:
+        r = client.chat.completions.create(
+            model=MODEL, messages=[*msgs, *messages(server["long"], "what happens ?")], max_tokens=8
+        )
+        L, tokens, _ = reference(server, server["long"], "what happens ?", system)
+        assert r.model_extra["hippo"]["token_ids"] == tokens and r.usage.prompt_tokens == L
+    plain = reference(server, server["long"], "what happens ?")[0]
+    assert plain < L  # the system turn is in the prompt
+
+
+@ONE_SERVER
+def test_logprobs_are_the_targets_own_streamed_and_not(server):
+    """logprobs / top_logprobs: each token's log-prob under the target and its top alternatives, as
+    log_softmax of HF generate's raw logits (which it returns in float32: within 1e-6)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(server["target"]))
+    _, tokens, logits = reference(server, server["short"], "describe the video .")
+    lp = torch.log_softmax(logits.double(), -1)  # [n, V]
+    client = server["client"]
+    kw = dict(model=MODEL, messages=messages(server["short"], "describe the video ."), max_tokens=8)
+    whole = client.chat.completions.create(logprobs=True, top_logprobs=2, **kw).choices[0].logprobs.content
+    streamed = []
+    for chunk in client.chat.completions.create(logprobs=True, top_logprobs=2, stream=True, **kw):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            streamed += chunk.choices[0].logprobs.content
+    for content in (whole, streamed):
+        assert [c.token for c in content] == [tok.decode([t]) for t in tokens]
+        for i, (c, t) in enumerate(zip(content, tokens)):
+            assert c.logprob == pytest.approx(float(lp[i, t]), abs=1e-6)
+            top = lp[i].topk(2)
+            assert [a.token for a in c.top_logprobs] == [tok.decode([x]) for x in top.indices.tolist()]
+            assert [a.logprob for a in c.top_logprobs] == pytest.approx(top.values.tolist(), abs=1e-6)
+            assert c.bytes == list(c.token.encode())
+    r = client.chat.completions.create(logprobs=True, **kw).choices[0].logprobs.content
+    assert all(c.top_logprobs == [] for c in r) and len(r) == len(tokens)
+    assert client.chat.completions.create(**kw).choices[0].logprobs is None
+
+
+@ONE_SERVER
+def test_fields_without_semantics_are_ignored_and_stream_options_honoured(server):
+    client = server["client"]
+    kw = dict(model=MODEL, messages=messages(server["short"], "what happens ?"), max_tokens=4)
+    r = client.chat.completions.create(user="u1", presence_penalty=0, logit_bias={}, **kw)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert chunks[-2].choices[0].finish_reason in ("stop", "length")
+    # repetition_penalty (an extra field, as vLLM takes it) reaches the target's logits processors
+    r = client.chat.completions.create(extra_body={"repetition_penalty": 1.5}, **{**kw, "max_tokens": 8})
+    _, tokens, _ = reference(server, server["short"], "what happens ?", repetition_penalty=1.5)
+    assert r.model_extra["hippo"]["token_ids"] == tokens
+
+
+@ONE_SERVER
+def test_a_non_streamed_client_that_disconnects_frees_its_row(server):
+    """max_tokens far past the context is clamped to it (the row would decode ~4000 tokens); the
+    client hangs up: its row is cancelled, not decoded to the end."""
+    body = {"model": MODEL, "messages": messages(server["long"], "describe the video ."), "max_tokens": 10**6}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server['base']}/v1/chat/completions", json=body, timeout=3)
+    deadline = time.time() + 30
+    while True:
+        metrics = httpx.get(f"{server['base']}/metrics").text
+        if 'hippo_requests_total{status="disconnected"}' in metrics and "hippo_batch_size 0.0" in metrics:
+            break
+        assert time.time() < deadline, metrics
+        time.sleep(0.1)
+
+
+def test_api_key_and_allowed_hosts(files, monkeypatch):
+    """--allowed-hosts: another Host header gets a 400; the API key (here from HIPPO_API_KEY): /v1
+    without it or with another gets a 401 with OpenAI's JSON, /health needs none."""
+    port = _free_port()
+    monkeypatch.setenv("HIPPO_API_KEY", "s3cret")
+    proc, _ = launch(files, port, "--allowed-hosts", "127.0.0.1,*.example.com")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert httpx.get(f"{base}/health").status_code == 200
+        for headers in ({}, {"Authorization": "Bearer nope"}):
+            r = httpx.get(f"{base}/v1/models", headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        ok = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(f"{base}/v1/models", headers=ok).status_code == 200
+        assert httpx.get(f"{base}/v1/models", headers={**ok, "Host": "api.example.com"}).status_code == 200
+        r = httpx.get(f"{base}/v1/models", headers={**ok, "Host": "evil.com"})
+        assert r.status_code == 400 and "Host" in r.json()["error"]["message"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="s3cret", max_retries=0)
+        r = client.chat.completions.create(
+            model=MODEL, messages=messages(files["short"], "what happens ?"), max_tokens=2
+        )
+        assert r.choices[0].message.content is not None
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @ONE_SERVER
@@ -610,3 +780,63 @@ def test_new_videos_that_come_together_to_an_idle_service_are_prepared_before_it
         service.close(0)
     assert seen[0] == 2, seen
     assert waits == 2  # the first row waited for the second video's preparation, and its question
+
+
+def test_max_tokens_is_clamped_to_the_context_and_video_options_are_bounded_before_decoding(
+    tmp_path, monkeypatch
+):
+    """In process: max_new_tokens past the context ends at the context's end, finish_reason "length";
+    frames the context or the memory cannot take are refused before a frame is decoded, naming the
+    option; a file is hashed once while its size and mtime stay."""
+    from tiny_checkpoint import tiny_tokenizer
+
+    import hippo.context
+    import hippo.service
+    from hippo.adapters.qwen2_5_vl_tiny import tiny_config
+    from hippo.registry import lookup
+    from hippo.service import Request, Service, VideoOptionError
+
+    cfg = tiny_config("target")
+    cfg.text_config.max_position_embeddings = 40
+    lookup("adapters", "qwen2_5_vl").model_class(cfg).to(torch.float64).save_pretrained(tmp_path / "t")
+    video = write_video(tmp_path / "v.mp4", n=16, fps=8)
+    pipe = (
+        hippo.PipelineBuilder().target(str(tmp_path / "t"), dtype=torch.float64).scheduler("autoregressive")
+    )
+    service = Service(pipe.build(), tiny_tokenizer(), max_batch=2)
+    decoded = []
+    monkeypatch.setattr(service.pipeline, "video_inputs", _spy(service.pipeline.video_inputs, decoded))
+    small = {"frames": 2, "max_pixels": MAX_PIXELS}
+    try:
+        kind, info = _answer(
+            service.submit(Request(str(video), [("what happens ?", None)], small, {"max_new_tokens": 1000}))
+        )
+        assert kind == "end", info
+        assert info["prompt_tokens"] + info["completion_tokens"] == 40 and info["finish_reason"] == "length"
+        assert len(decoded) == 1
+        # 16 frames: at least 8 tokens (2 frames a temporal patch); a context of 8 cannot hold them
+        with monkeypatch.context() as m:
+            m.setattr(service.pipeline.target_adapter, "context_length", lambda: 8)
+            kind, error = _answer(service.submit(Request(str(video), [("what ?", None)], {"frames": 16})))
+        assert kind == "error" and isinstance(error, VideoOptionError) and error.param == "frames", error
+        assert "context is 8" in str(error)
+        with monkeypatch.context() as m:
+            m.setattr(hippo.context, "available_bytes", lambda device: 1 << 20)  # 1 MiB free
+            kind, error = _answer(service.submit(Request(str(video), [("what ?", None)], {"fps": 8.0})))
+        assert kind == "error" and isinstance(error, VideoOptionError) and error.param == "fps", error
+        assert len(decoded) == 1  # neither was decoded
+        assert service.contexts.hashed == 1  # one file, hashed once for its three requests
+        os.utime(video, ns=(1, 1))
+        service.contexts.digest(str(video))
+        assert service.contexts.hashed == 2  # touched: hashed again
+    finally:
+        service.close(0)
+    assert hippo.service.DIGESTS_KEPT > 0
+
+
+def _spy(fn, calls):
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        return fn(*args, **kwargs)
+
+    return wrapper
