@@ -333,7 +333,8 @@ class Hippo(lmms):
                 yield self._record(i, prepared[i])
 
         answers: dict[int, Any] = {}
-        bar = tqdm(total=len(prepared), desc="hippo answering", disable=self.rank != 0)
+        desc = f"hippo [{self.settings['scheduler']}]"
+        bar = tqdm(total=len(prepared), desc=desc, disable=self.rank != 0)
         t0 = time.perf_counter()
         try:
             for result in self.pipe.map(records(), tokenizer=self.tokenizer, batch_size=self.batch_size):
