@@ -3,7 +3,8 @@
 hippo (core) <- hippo.media (video files -> inputs) <- hippo.plugins, hippo.adapters <-
 hippo.testing (the harness: it checks, and plants bugs in, the built-in parts) <- hippo.cli (front
 ends, with the demo's pair and the timeline chart) <- hippo.benchmarks (the research: training,
-evaluation, `hippo bench`). The product never imports the benchmarks. Checked on the source with
+evaluation, `hippo bench`); hippo.eval (lmms-eval's `hippo` model and `hippo eval`) sits beside the
+benchmarks, on the front ends. The product never imports the benchmarks. Checked on the source with
 `ast`, lazy imports included.
 """
 
@@ -26,6 +27,7 @@ PACKAGES = {  # import name -> (directory, import names it may use besides itsel
         "benchmarks",
         {"hippo", "hippo.media", "hippo.plugins", "hippo.adapters", "hippo.cli"},
     ),
+    "hippo.eval": ("eval", {"hippo", "hippo.media", "hippo.plugins", "hippo.adapters", "hippo.cli"}),
 }
 
 
