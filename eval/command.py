@@ -284,6 +284,7 @@ def format_report(report: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from hippo.errors import ConfigError, HippoError
 
+    _check_pipeline(args)
     try:
         import lmms_eval  # noqa: F401
     except ImportError as exc:
@@ -331,6 +332,16 @@ def run(args: argparse.Namespace) -> int:
     if report["identical"] is False and not report["sampled"]:
         return EXIT_MISMATCH
     return 0
+
+
+def _check_pipeline(args: argparse.Namespace) -> None:
+    """The pipeline's names and options (and --config) checked now, before lmms-eval loads its tasks."""
+    from hippo.builder import PipelineBuilder
+    from hippo.cli.video_commands import pipeline_config
+
+    keys = ("target", "draft", "scheduler", "keep_ratio", "gamma", "scorer", "selector", "backbone")
+    keys += ("device", "dtype", "config")
+    PipelineBuilder.from_config(pipeline_config(argparse.Namespace(**{k: getattr(args, k) for k in keys})))
 
 
 def _print_table(results: dict, title: str) -> None:
