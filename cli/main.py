@@ -1,4 +1,4 @@
-"""The `hippo` command: `generate`, `chat`, `batch`, `bias`, `bench`, `demo`, `plugins` and `check`.
+"""The `hippo` command: `generate`, `chat`, `batch`, `bias`, `bench`, `eval`, `demo`, `plugins` and `check`.
 
 Every HippoError that reaches `main`, and every usage error, becomes one line, `hippo: error:
 <message>`, on stderr and exit status 2; `--debug` prints the traceback as well. `hippo demo` (and
@@ -388,7 +388,9 @@ def _external_commands(sub: Any, debug: argparse.ArgumentParser) -> None:
     """Commands other packages add through the `hippo.commands` entry-point group.
 
     Each entry point is a function `(subparsers, parents) -> None` that adds one subcommand whose
-    `func(args) -> int` runs it (`hippo bench` is `hippo.benchmarks.command:add_parser`).
+    `func(args) -> int` runs it (`hippo bench` is `hippo.benchmarks.command:add_parser`). A command
+    that hands the arguments it does not know to another program sets `pass_through=True` among its
+    defaults and finds them in `args.rest` (`hippo eval`, for lmms-eval); others reject them.
     """
     for ep in sorted(metadata.entry_points(group=COMMANDS), key=lambda ep: ep.name):
         try:
@@ -751,7 +753,11 @@ def _bias_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "pass_through", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
     try:
         return args.func(args)
     except HippoError as exc:

@@ -2,7 +2,8 @@
 
 hippo (core) <- hippo.media (video files -> inputs) <- hippo.plugins, hippo.adapters <- hippo.cli
 (front ends, with the demo's pair and the timeline chart) <- hippo.benchmarks (the research:
-training, evaluation, `hippo bench`). hippo.testing (the harness: it checks, and plants bugs in,
+training, evaluation, `hippo bench`); hippo.eval (lmms-eval's `hippo` model and `hippo eval`) sits
+beside the benchmarks, on the front ends. hippo.testing (the harness: it checks, and plants bugs in,
 pipeline parts) builds on the core alone: it reaches the built-in parts through the registry, as a
 third-party plugin would. The product never imports the benchmarks. Checked on the source with
 `ast`, lazy imports included.
@@ -27,6 +28,7 @@ PACKAGES = {  # import name -> (directory, import names it may use besides itsel
         "benchmarks",
         {"hippo", "hippo.media", "hippo.plugins", "hippo.adapters", "hippo.cli"},
     ),
+    "hippo.eval": ("eval", {"hippo", "hippo.media", "hippo.plugins", "hippo.adapters", "hippo.cli"}),
 }
 
 
