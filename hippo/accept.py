@@ -31,7 +31,7 @@ first token in the next round. A dropped draw is fresh randomness never used, so
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -141,18 +141,31 @@ def settle(
     keep: Callable[[tuple[int, ...]], None],  # keeps the prefix and the accepted path in p's cache
     bonus: bool = True,
 ) -> tuple[Verdict, int]:
-    """Accept a path with the verifier's rule, keep it, emit it and its next token, book the round;
-    returns the verdict and the tokens emitted. A batch (`hippo.engine`) settles each row with it."""
-    prefix = job.prefix()  # [T]
-    scores = process_rows(job.policy, prefix, proposal, logits)  # [n+1, V]
-    verdict = job.verifier.verify(proposal, scores, job.policy)
+    """Accept a path with the verifier's rule (`decide`), then `commit` it; returns the verdict and
+    the tokens emitted. A batch (`hippo.engine`) decides all its rows in one call, then commits each."""
+    scores = process_rows(job.policy, job.prefix(), proposal, logits)  # [n+1, V]
+    verdict = decide(job.verifier, [proposal], scores[None], [job.policy])[0]
+    return commit(job, proposal, verdict, keep, bonus, logits=logits)
+
+
+def commit(
+    job: RoundJob,
+    proposal: DraftProposal,
+    verdict: Verdict,
+    keep: Callable[[tuple[int, ...]], None],  # keeps the prefix and the accepted path in p's cache
+    bonus: bool = True,
+    tokens: Sequence[int] | None = None,  # the proposal's tokens, where the caller has them on the host
+    logits: torch.Tensor | None = None,  # [n+1, V] raw p, for the emitted tokens' log-probs if asked
+) -> tuple[Verdict, int]:
+    """Keep the accepted path in p's cache, emit it and its next token, book the round."""
     if not bonus and list(verdict.path) == proposal.spine():  # the draft's continuation is checked next
         verdict = Verdict(verdict.path, None)
     keep(verdict.path)
     nxt = [] if verdict.next_token is None else [verdict.next_token]
-    # each emitted token's row of p's logits: the root, then after each accepted node
-    rows = [0, *(c + 1 for c in verdict.path)]
-    kept = job.emit([*proposal.tokens[list(verdict.path)].tolist(), *nxt], logits, rows)
+    path = list(verdict.path)
+    accepted = [tokens[i] for i in path] if tokens is not None else proposal.tokens[path].tolist()
+    # each emitted token's row of p's logits (for its log-prob): the root, then after each accepted node
+    kept = job.emit([*accepted, *nxt], logits, [0, *(c + 1 for c in path)])
     # `kept` < accepted + 1 only in the last round (token budget or EOS reached)
     job.stats.record_round(proposal.size, verdict.n_accepted, kept, verdict.n_accepted < proposal.depth)
     return verdict, kept
@@ -171,3 +184,125 @@ def process_rows(
     tokens = proposal.tokens.cpu()
     seqs = [prefix] + [torch.cat([prefix, tokens[proposal.path(i)]]) for i in range(proposal.size)]
     return torch.cat([policy.process(s, r[None]) for s, r in zip(seqs, logits)])
+
+
+# ---- every row's chain at once ------------------------------------------------------------------
+
+
+def accept_chains(
+    tokens: torch.Tensor,  # [B, γ] long: row b's chain in its first sizes[b] entries, then padding
+    sizes: torch.Tensor,  # [B] long: each row's draft tokens (0..γ)
+    scores: torch.Tensor,  # [B, γ+1, V] processed p scores: position 0 at the root, i+1 after token i
+    sample: torch.Tensor | None = None,  # [B] bool: the row samples (None: every row is greedy)
+    q: torch.Tensor | None = None,  # [B, γ, V] the laws sampled rows drew their tokens from
+    uniforms: torch.Tensor | None = None,  # [B, γ] float64 U(0, 1): each position's ratio test
+    races: torch.Tensor | None = None,  # [B, V] float64 Exp(1): the race that draws the next token
+) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [B] long, next token [B] long
+    """Both rules for every row and position in one call, on the device of `scores` (no host read).
+
+    Greedy rows keep the longest prefix equal to p's argmax and then take p's argmax. Sampled rows
+    accept token i iff u_i * q_i(x_i) < p_i(x_i) up to the first reject n, then draw the next token
+    from norm(max(0, p_n - q_n)) after a reject (p_n where that has no mass) or from p_γ after all:
+    the rule of `accept_sampled` on a chain. The draw is an exponential race, argmax_v r(v) / E_v
+    with E_v ~ Exp(1), which picks v with probability r(v) / sum(r), as vLLM's sampler draws.
+    """
+    B, G = tokens.shape
+    best = scores.argmax(-1)  # [B, γ+1]
+    ok = tokens == best[:, :G]  # [B, γ]
+    if sample is not None:
+        p = torch.softmax(scores.double(), dim=-1)  # [B, γ+1, V]
+        x = tokens.clamp_min(0)[..., None]  # [B, γ, 1]
+        passed = uniforms * q.gather(-1, x)[..., 0] < p[:, :G].gather(-1, x)[..., 0]  # [B, γ]
+        ok = torch.where(sample[:, None], passed, ok)
+    ok &= torch.arange(G, device=tokens.device) < sizes[:, None]
+    n = ok.long().cumprod(-1).sum(-1)  # [B] accepted
+    nxt = best.gather(1, n[:, None])[:, 0]  # [B] greedy: p's argmax after the accepted tokens
+    if sample is not None:
+        V = p.shape[-1]
+        p_n = p.gather(1, n[:, None, None].expand(B, 1, V))[:, 0]  # [B, V]
+        q_n = torch.cat([q, q.new_zeros(B, 1, V)], 1).gather(1, n[:, None, None].expand(B, 1, V))[:, 0]
+        r = (p_n - q_n).clamp_min(0)  # [B, V] the residual, unnormalised (the race needs no sum)
+        use_p = (n >= sizes) | (r.sum(-1) <= 0)  # [B] the bonus, or a residual without mass (p == q)
+        r = torch.where(use_p[:, None], p_n, r)
+        drawn = (r / races.clamp_min(torch.finfo(races.dtype).tiny)).argmax(-1)  # [B]
+        nxt = torch.where(sample, drawn, nxt)
+    return n, nxt
+
+
+def chain_draws(
+    policy: TokenPolicy, gamma: int, vocab: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:  # uniforms [width] float64, races [vocab] float64
+    """A sampled row's randomness for one round of `accept_chains`, from its own generator: γ
+    uniforms (padded with ones to the batch's `width`, which nothing reads) and V exponentials. A row
+    draws the same whatever shares its batch."""
+    g = policy.generator
+    u = torch.ones(width, dtype=torch.float64)
+    u[:gamma] = torch.rand(gamma, generator=g, dtype=torch.float64)
+    return u, torch.empty(vocab, dtype=torch.float64).exponential_(generator=g)
+
+
+def accept_rows(
+    proposals: Sequence[DraftProposal],  # B chains, on the host
+    scores: torch.Tensor,  # [B, W, V] processed p scores, W >= every chain's size + 1
+    policies: Sequence[TokenPolicy],
+    greedy: bool = False,  # every row by argmax (the greedy verifier), whatever its policy
+) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [B], next token [B], on the device of `scores`
+    """The stock rule for B chains in one `accept_chains` call: greedy for greedy rows, rejection
+    sampling for sampled rows, each sampled row drawing from its own generator."""
+    B, W, V = scores.shape
+    G, dev = W - 1, scores.device
+    tokens = torch.zeros(B, G, dtype=torch.long)
+    for b, prop in enumerate(proposals):
+        tokens[b, : prop.size] = prop.tokens.cpu()
+    sizes = torch.tensor([prop.size for prop in proposals])
+    sampled = [pol.do_sample and not greedy for pol in policies]
+    if not any(sampled):
+        return accept_chains(tokens.to(dev), sizes.to(dev), scores)
+    q = torch.zeros(B, G, V, dtype=torch.float64)  # [B, γ, V]
+    uniforms, races = torch.ones(B, G, dtype=torch.float64), torch.ones(B, V, dtype=torch.float64)
+    for b, (prop, pol) in enumerate(zip(proposals, policies)):
+        if not sampled[b]:
+            continue
+        n = prop.size
+        law = prop.q
+        q[b, :n] = one_hot(prop.tokens.cpu(), V) if law is None else law.double().cpu()[:, :V]
+        uniforms[b], races[b] = chain_draws(pol, n, V, G)
+    return accept_chains(
+        tokens.to(dev), sizes.to(dev), scores, torch.tensor(sampled, device=dev), q.to(dev),
+        uniforms.to(dev), races.to(dev),
+    )  # fmt: skip
+
+
+def one_hot(tokens: torch.Tensor, vocab: int) -> torch.Tensor:  # [n] -> [n, V] float64
+    return torch.nn.functional.one_hot(tokens, vocab).double()
+
+
+def vectorised(verifier: Any) -> Callable | None:
+    """The verifier's form for every row's chain at once (`Verifier.verify_chains`), or None: where
+    a subclass overrides `verify` below the class that defines `verify_chains` (a planted bug, a
+    variant), `verify` is its rule and the round calls it per row."""
+    mro = type(verifier).__mro__
+    own_verify = next(k for k in mro if "verify" in k.__dict__)
+    own_chains = next((k for k in mro if "verify_chains" in k.__dict__), None)
+    if own_chains is None or not issubclass(own_chains, own_verify):
+        return None
+    return verifier.verify_chains
+
+
+def decide(
+    verifier: Any,
+    proposals: Sequence[DraftProposal],  # B proposals (chains or trees), on the host
+    scores: torch.Tensor,  # [B, W, V] processed p scores; row b's first size + 1 positions are its own
+    policies: Sequence[TokenPolicy],
+) -> list[Verdict]:
+    """Every row's verdict: one vectorised call where the verifier has one and every proposal is a
+    chain (one host read for the whole batch), else the verifier's `verify` row by row."""
+    rule = vectorised(verifier)
+    if rule is not None and all(prop.chain for prop in proposals):
+        accepted, nxt = rule(proposals, scores, policies)
+        both = torch.stack([accepted, nxt]).tolist()  # the batch's one read of its verdicts
+        return [Verdict(tuple(range(n)), t) for n, t in zip(*both)]
+    return [
+        verifier.verify(prop, scores[b, : prop.size + 1], pol)
+        for b, (prop, pol) in enumerate(zip(proposals, policies))
+    ]

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from hippo.accept import settle
+from hippo.accept import commit, decide, process_rows
 from hippo.cost import GAMMA_START, AutoGamma, GammaPlan
 from hippo.errors import UnsupportedError
 from hippo.interfaces import Job, catch_up, prefilling
@@ -325,9 +325,10 @@ class Engine:
             self.rounds += 1
             return self._leave([0]) if rows[0].job.done else []
         proposals: list[DraftProposal | None] = [None] * len(rows)
+        chains: list[list[int]] = [[] for _ in rows]  # each row's draft tokens, on the host
         if any(wanted):
             t0, f0 = draft.seconds, draft.forwards
-            drafted = _draft(draft, rows, gammas, self.rewrite)
+            drafted, chains = _draft(draft, rows, gammas, self.rewrite)
             proposals = [p if w else None for p, w in zip(drafted, wanted)]
             self.clock.add(draft.rows, draft.seconds - t0, draft.forwards - f0)
             for row in rows:
@@ -337,7 +338,7 @@ class Engine:
             if prop is None:
                 row.target_steps += 1
         t0 = target.seconds
-        _verify(target, rows, proposals)
+        _verify(target, rows, proposals, chains)
         for row in rows:
             row.seconds_target += target.seconds - t0
         self.rounds += 1
@@ -397,12 +398,16 @@ def _draft(
     rows: Sequence[_Row],
     gammas: Sequence[int],
     rewrite: Callable[[DraftProposal, int], DraftProposal],
-) -> list[DraftProposal]:
+) -> tuple[list[DraftProposal], list[list[int]]]:  # and each row's chain on the host
     """Each row's chain of `gammas[b]` draft tokens (0: none this round), batched as the `chain`
     drafter drafts one row: q first catches up on the tokens emitted since it last ran (rolling back
-    what was not accepted), then feeds each of its tokens but the last."""
-    seqs = [row.job.prefix() for row in rows]  # [T] each
-    blocks: list[list[int]] = []
+    what was not accepted), then feeds each of its tokens but the last.
+
+    Rows that draft greedily with no logits processor keep their tokens on the device: one argmax
+    for all of them a step, fed straight back, and one read of the whole [B, γ] table at the end.
+    A sampled or processed row draws each token on the host (its processors read its sequence)."""
+    B = len(rows)
+    blocks: list[list[int]] = []  # what each row feeds first: the tokens emitted since q last ran
     for b, row in enumerate(rows):
         if not gammas[b]:
             blocks.append([])
@@ -412,61 +417,115 @@ def _draft(
         draft.rollback(b, draft.lengths[b] - (len(row.draft_generated) - common))
         del row.draft_generated[common:]
         blocks.append(emitted[common:])
-    tokens: list[list[int]] = [[] for _ in rows]
+        row.draft_generated.extend(blocks[b])
+    plain = [not (pol := row.job.policy).do_sample and not pol.processors for row in rows]
+    steps = max(gammas, default=0)
+    table = torch.zeros(B, max(steps, 1), dtype=torch.long, device=draft.device)  # [B, γ] the tokens
+    made, fed = [0] * B, [0] * B  # tokens each row drafted, and fed back after the first forward
+    drawn: list[list[int]] = [[] for _ in rows]  # a host-drawn row's tokens
     qs: list[list[torch.Tensor]] = [[] for _ in rows]
-    vocab = 0
-    for _ in range(max(gammas, default=0)):
-        logits = draft.forward(blocks)  # [B, W, V_q]
+    widths, ids, vocab = [len(blk) for blk in blocks], None, 0
+    for step in range(steps):
+        if not any(widths):
+            break
+        logits = draft.forward(blocks) if ids is None else draft.forward_ids(ids, widths)  # [B, W, V_q]
         vocab = int(logits.shape[-1])
-        nxt: list[list[int]] = []
+        last = logits[torch.arange(B), torch.tensor([max(w, 1) - 1 for w in widths])]  # [B, V_q]
+        col = torch.zeros(B, dtype=torch.long, device=draft.device)  # [B] this step's tokens
+        if any(plain):
+            col = rows[0].job.policy.fit(last).float().argmax(-1)  # no read: fed back as it is
         for b, row in enumerate(rows):
-            row.draft_generated.extend(blocks[b])
-            if len(tokens[b]) >= gammas[b] or row.error is not None:
-                nxt.append([])
+            if not widths[b] or made[b] >= gammas[b] or row.error is not None:
+                widths[b] = 0
                 continue
-            seq = torch.cat([seqs[b], torch.tensor(tokens[b], dtype=torch.long)])
-            try:
-                x, q = row.job.policy.draft_token(seq, logits[b, len(blocks[b]) - 1])
-            except Exception as exc:  # this row's own failure: it leaves after the round
-                row.error = exc
-                nxt.append([])
-                continue
-            if q is not None:
-                qs[b].append(q)
-            tokens[b].append(x)
-            nxt.append([x] if len(tokens[b]) < gammas[b] else [])
-        blocks = nxt
+            if not plain[b]:
+                seq = torch.cat([row.job.prefix(), torch.tensor(drawn[b], dtype=torch.long)])
+                try:
+                    x, q = row.job.policy.draft_token(seq, last[b])
+                except Exception as exc:  # this row's own failure: it leaves after the round
+                    row.error = exc
+                    widths[b] = 0
+                    continue
+                drawn[b].append(x)
+                if q is not None:
+                    qs[b].append(q)
+                col[b] = x
+            made[b] += 1
+            widths[b] = 1 if made[b] < gammas[b] else 0
+            fed[b] += widths[b]
+        table[:, step] = col
+        ids = col[:, None]  # [B, 1]
+    read = table.tolist() if any(plain) and steps else None  # the drafting's one read
+    chains = [drawn[b] if not plain[b] else read[b][: made[b]] if read else [] for b in range(B)]
     out = []
-    for b in range(len(rows)):
+    for b, row in enumerate(rows):
+        row.draft_generated.extend(chains[b][: fed[b]])
         prop = DraftProposal(
-            tokens=torch.tensor(tokens[b], dtype=torch.long), q=torch.stack(qs[b]) if qs[b] else None
+            tokens=torch.tensor(chains[b], dtype=torch.long), q=torch.stack(qs[b]) if qs[b] else None
         )
         out.append(rewrite(prop, vocab if prop.q is None else int(prop.q.shape[-1])) if prop.size else prop)
-    return out
+    if rewrite is not _unchanged:  # a drafter rewrote the chains: their tokens are its
+        chains = [prop.tokens.tolist() for prop in out]
+    return out, chains
 
 
-def _verify(target: BatchedCache, rows: Sequence[_Row], proposals: Sequence[DraftProposal | None]) -> None:
+def _verify(
+    target: BatchedCache,
+    rows: Sequence[_Row],
+    proposals: Sequence[DraftProposal | None],
+    chains: Sequence[list[int]],  # each proposal's tokens on the host
+) -> None:
     """One target forward for all rows: each row's pending token and its draft tokens; then each row
     accepts, rolls back and emits as its batch-1 round (or, without a proposal, its target step)."""
     blocks = []
     for b, (row, prop) in enumerate(zip(rows, proposals)):
         if target.lengths[b] != row.job.length - 1:
             raise RuntimeError(f"row {b}: p holds {target.lengths[b]} tokens, expected {row.job.length - 1}")
-        blocks.append([row.job.tokens[-1], *([] if prop is None else prop.tokens.tolist())])
+        blocks.append([row.job.tokens[-1], *([] if prop is None else chains[b])])
     logits = target.forward(blocks)  # [B, W, V]
+    drafted: list[int] = []  # rows with a proposal, their scores processed
+    scores: list[torch.Tensor] = []
     for b, (row, prop) in enumerate(zip(rows, proposals)):
-        job = row.job
         if row.error is not None:  # failed while drafting: it leaves after this round
             continue
         try:
             if prop is None:  # the target alone, as `Job.target_step`
-                job.step_from(logits[b, :1])
+                row.job.step_from(logits[b, :1])
                 continue
-            settle(
-                job,
-                prop,
-                logits[b, : prop.size + 1],
-                lambda path, b=b, T=job.length: target.rollback(b, T + len(path)),
-            )
+            scores.append(process_rows(row.job.policy, row.job.prefix(), prop, logits[b, : prop.size + 1]))
+            drafted.append(b)
         except Exception as exc:  # this row's own failure: it leaves, the others go on
             row.error = exc
+    if not drafted:
+        return
+    stacked = logits.new_zeros(len(drafted), max(s.shape[0] for s in scores), logits.shape[-1]).float()
+    for i, s in enumerate(scores):  # [B', W', V]: each row's own positions, then padding none reads
+        stacked[i, : s.shape[0]] = s
+    groups: dict[int, list[int]] = {}  # rows by verifier: every row's verdict in one call per verifier
+    for i, b in enumerate(drafted):
+        groups.setdefault(id(rows[b].job.verifier), []).append(i)
+    for members in groups.values():
+        jobs = [rows[drafted[i]].job for i in members]
+        try:
+            verdicts = decide(
+                jobs[0].verifier, [proposals[drafted[i]] for i in members], stacked[members],
+                [job.policy for job in jobs],
+            )  # fmt: skip
+        except Exception as exc:  # the verifier failed: its rows leave, the others go on
+            for i in members:
+                rows[drafted[i]].error = exc
+            continue
+        for i, job, verdict in zip(members, jobs, verdicts):
+            b = drafted[i]
+            try:
+                keep = lambda path, b=b, T=job.length: target.rollback(b, T + len(path))  # noqa: E731
+                commit(
+                    job,
+                    proposals[b],
+                    verdict,
+                    keep,
+                    tokens=chains[b],
+                    logits=logits[b, : proposals[b].size + 1],
+                )
+            except Exception as exc:  # this row's own failure: it leaves, the others go on
+                rows[b].error = exc

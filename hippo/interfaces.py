@@ -97,8 +97,9 @@ class ModelSession(ABC):
     seconds_compile: float = 0.0  # of `seconds_decode`: forwards that compiled a graph (hippo.static)
 
     @abstractmethod
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens [k] -> logits [k, V]
-        """Consume k tokens at logical positions length .. length+k-1 and return their logits."""
+    def forward(self, tokens: torch.Tensor | Sequence[int]) -> torch.Tensor:  # tokens [k] -> logits [k, V]
+        """Consume k tokens at logical positions length .. length+k-1 and return their logits. The
+        round passes ints it holds on the host as a list, so that nothing is read back from a device."""
 
     @abstractmethod
     def rollback(self, length: int) -> None:
@@ -168,7 +169,7 @@ class ModelSession(ABC):
         kept = catch_up(self.generated, new, self.last_logits is not None)
         self.rollback(self.prompt_length + kept)
         if kept < len(new):
-            self.forward(torch.tensor(new[kept:], dtype=torch.long))
+            self.forward(new[kept:])
         return self.last_logits
 
     def close(self) -> None:  # noqa: B027 - optional hook
@@ -279,6 +280,17 @@ class Verifier(Component):
         p_scores: torch.Tensor,  # [n+1, V] processed target scores: row 0 at the root, row i+1 after node i
         policy: TokenPolicy,
     ) -> Verdict: ...
+
+    def verify_chains(
+        self,
+        proposals: Sequence[DraftProposal],  # B chains, on the host
+        p_scores: torch.Tensor,  # [B, W, V] processed target scores; row b's first size + 1 are its own
+        policies: Sequence[TokenPolicy],  # each row's
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [B] long, next token [B] long, on p_scores' device
+        """Optional: `verify` for B chains in one call, with no host read (the stock verifiers:
+        `hippo.accept.accept_rows`). The round uses it where the class that defines `verify` (or one
+        below it) defines this; otherwise it calls `verify` row by row."""
+        raise NotImplementedError
 
 
 class SessionKind(Protocol):

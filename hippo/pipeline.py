@@ -48,6 +48,7 @@ class Pipeline:
     context_budget: int | None = None
     _closed: bool = attrs.field(default=False, init=False)
     _contexts: weakref.WeakSet = attrs.field(factory=weakref.WeakSet, init=False)
+    _stock: dict = attrs.field(factory=dict, init=False)  # the default verifier of each mode, made once
 
     @property
     def target(self) -> torch.nn.Module:
@@ -58,8 +59,11 @@ class Pipeline:
         return None if self.draft_adapter is None else self.draft_adapter.model
 
     def _verifier_for(self, do_sample: bool) -> Verifier:
-        if self.verifier is None:
-            return lookup("verifiers", "rejection" if do_sample else "greedy")()
+        if self.verifier is None:  # one instance per mode, so a batch's rows share it (one decision)
+            name = "rejection" if do_sample else "greedy"
+            if name not in self._stock:
+                self._stock[name] = lookup("verifiers", name)()
+            return self._stock[name]
         if do_sample and self.verifier.greedy_only:
             raise ConfigError(
                 f"verifier {self.names.get('verifier', '?')!r} is exact only for greedy decoding but "

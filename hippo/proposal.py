@@ -53,6 +53,8 @@ class DraftProposal:
     @property
     def depth(self) -> int:
         """The most draft tokens one round can accept; fewer accepted means a rejection."""
+        if self.parents is None:  # a chain: its size, without reading a tensor
+            return self.size
         return int(self.depths().max()) if self.size else 0
 
     def children(self) -> list[list[int]]:  # [n + 1] lists: entry 0 is the root, node i is entry i + 1

@@ -66,14 +66,16 @@ class KVSession(ModelSession):
         self.direct = (model.get_decoder(), model.get_output_embeddings()) if direct else None
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [k] -> [k, V]
+    def forward(self, tokens: torch.Tensor | Sequence[int]) -> torch.Tensor:  # [k] -> [k, V]
+        """Feed `tokens` (a tensor, or ints the caller holds on the host: then nothing is read back)."""
         t0 = time.perf_counter()
-        ids = tokens.to(self.device, torch.long).view(1, -1)
+        host = None if isinstance(tokens, torch.Tensor) else [int(t) for t in tokens]
+        ids = (torch.tensor(host) if host is not None else tokens).to(self.device, torch.long).view(1, -1)
         pos = self.positions(self.length, ids.shape[1]).to(self.device)
         self._reserve(ids.shape[1])
         logits = self._step(embeddable(ids, self.embedding_rows), pos)
         self.length += ids.shape[1]
-        self.generated.extend(ids[0].tolist())
+        self.generated.extend(host if host is not None else ids[0].tolist())
         self.last_logits = logits[-1]
         synchronize(self.device)
         self.seconds_decode += time.perf_counter() - t0

@@ -123,15 +123,24 @@ class BatchedCache:
         only carries dummies this time). Column i of row b's logits follows its token i; columns
         from `len(blocks[b])` on are dummies, masked from every real token and invalid afterwards.
         """
-        t0 = time.perf_counter()
-        B, S = self.rows, self.size
         widths = [len(b) for b in blocks]
-        W = max(widths)
-        if len(blocks) != B or W == 0:
-            raise ValueError(f"forward needs one block per row ({B}) and some token, got widths {widths}")
-        ids = torch.zeros(B, W, dtype=torch.long)
+        ids = torch.zeros(len(blocks), max(widths, default=0), dtype=torch.long)
         for b, toks in enumerate(blocks):
             ids[b, : len(toks)] = torch.as_tensor(list(toks), dtype=torch.long)
+        return self.forward_ids(ids, widths)
+
+    @torch.inference_mode()
+    def forward_ids(self, ids: torch.Tensor, widths: Sequence[int]) -> torch.Tensor:  # -> logits [B, W, V]
+        """`forward` of the tokens `ids` [B, W] (on any device: nothing is read back), row b's first
+        `widths[b]` real and the rest dummies."""
+        t0 = time.perf_counter()
+        B, S = self.rows, self.size
+        W = max(widths, default=0)
+        if len(widths) != B or W == 0 or tuple(ids.shape) != (B, W):
+            raise ValueError(
+                f"forward needs one block per row ({B}) and some token, got widths {list(widths)} "
+                f"and ids of shape {tuple(ids.shape)}"
+            )
         ids = embeddable(ids, self.embedding_rows)
         pos = torch.cat(
             [fn(n, W) for fn, n in zip(self.positions, self.lengths)], dim=-2

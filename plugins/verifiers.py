@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from hippo import hookimpl
-from hippo.accept import accept_greedy, accept_sampled
+from hippo.accept import accept_greedy, accept_rows, accept_sampled
 from hippo.interfaces import Verifier
 from hippo.proposal import DraftProposal, Verdict
 from hippo.sampling import TokenPolicy
@@ -23,12 +23,18 @@ class GreedyVerifier(Verifier):
     def verify(self, proposal: DraftProposal, p_scores: torch.Tensor, policy: TokenPolicy) -> Verdict:
         return accept_greedy(proposal, p_scores)
 
+    def verify_chains(self, proposals, p_scores, policies):
+        return accept_rows(proposals, p_scores, policies, greedy=True)
+
 
 class RejectionVerifier(Verifier):
     trees = True
 
     def verify(self, proposal: DraftProposal, p_scores: torch.Tensor, policy: TokenPolicy) -> Verdict:
         return accept_sampled(proposal, policy.distribution(p_scores), policy.generator)
+
+    def verify_chains(self, proposals, p_scores, policies):  # greedy rows by argmax, sampled by the rule
+        return accept_rows(proposals, p_scores, policies)
 
 
 class TreeVerifier(RejectionVerifier):
@@ -38,6 +44,8 @@ class TreeVerifier(RejectionVerifier):
         if not policy.do_sample:
             return accept_greedy(proposal, p_scores)
         return super().verify(proposal, p_scores, policy)
+
+    verify_chains = RejectionVerifier.verify_chains  # each row by its mode's rule, every row at once
 
 
 @hookimpl
