@@ -208,6 +208,45 @@ def position_bias_chart(w: Workload, keep: float, out: Path) -> dict:
     }
 
 
+def host_reads(w: Workload, keep: float, gamma: int, batches: tuple[int, ...] = (1, 8)) -> dict:
+    """Host reads (GPU syncs on a device) per round outside the models' forwards, serial γ greedy:
+    the extra reads of a 40-token answer over a 10-token one, per extra engine round, at each batch
+    size (`hippo.testing.syncs.HostReads`; the videos repeated to fill a batch). Not timed."""
+    from hippo.engine import Engine
+    from hippo.testing.syncs import HostReads
+
+    pipe = (
+        hippo.PipelineBuilder().target(w.target).draft(w.draft).scorer("holistic")
+        .selector("topk", keep_ratio=keep).scheduler("serial", gamma=gamma).build()
+    )  # fmt: skip
+    rounds, step = [0], Engine.step
+
+    def counted(engine):
+        rounds[0] += 1
+        return step(engine)
+
+    out: dict = {"schedule": f"serial, γ = {gamma}, greedy"}
+    Engine.step = counted
+    try:
+        for B in batches:
+            inputs = [w.inputs[i % len(w.inputs)] for i in range(B)]
+            seen = []
+            for n in (4, 10, 40):  # the first warms up
+                rounds[0] = 0
+                with HostReads() as reads:
+                    if B == 1:
+                        pipe.generate(inputs[0], max_new_tokens=n, do_sample=False)
+                    else:
+                        pipe.generate_batch(inputs, max_new_tokens=n, do_sample=False)
+                seen.append((reads.count, rounds[0]))
+            (c0, r0), (c1, r1) = seen[1:]
+            out[f"batch {B}"] = round((c1 - c0) / max(r1 - r0, 1), 1)
+    finally:
+        Engine.step = step
+        pipe.close()
+    return out
+
+
 def narrate_workload(n: int, seed: int, frames: int, size: int) -> Workload:
     """The committed narration pair on held-out clips; odd-numbered videos ask about one object.
 
@@ -607,6 +646,14 @@ def markdown(summary: dict) -> str:
         lines += ["", "### Time breakdown (paper Table 2)", "", *breakdown]
     lines += ["", "### Regime", "", regime_markdown(summary["regime"], c, summary["gamma"]), ""]
     lines += ["### Details", "", *_details(rows), ""]
+    reads = summary.get("host_reads")
+    if reads:
+        per = ", ".join(f"{k}: {v}" for k, v in reads.items() if k != "schedule")
+        lines += [
+            f"Host reads per round outside the models' forwards ({reads['schedule']}; each is a sync on a "
+            f"GPU): {per}.",
+            "",
+        ]
     lines.append(
         f"Target cost: {c['t_decode'] * 1e3:.2f} ms per decode step, {c['t_verify'] * 1e3:.2f} ms per "
         f"{summary['gamma'] + 1}-token verification; draft {c['t_draft_full'] * 1e3:.2f} ms per step "
@@ -768,6 +815,7 @@ def main(
     summary["environment"] = environment(seed, threads)
     summary["workload"] = w.description
     summary["position_bias"] = position_bias_chart(w, keep_ratio, out)
+    summary["host_reads"] = host_reads(w, keep_ratio, gamma)
     written = write_results(summary, out, markdown_file)
     summary["plots"] = [str(p) for p in written if p.suffix == ".png"] + [str(out / "position_bias.png")]
     log(markdown(summary))
