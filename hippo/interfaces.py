@@ -97,9 +97,8 @@ class ModelSession(ABC):
     seconds_compile: float = 0.0  # of `seconds_decode`: forwards that compiled a graph (hippo.static)
 
     @abstractmethod
-    def forward(self, tokens: torch.Tensor | Sequence[int]) -> torch.Tensor:  # tokens [k] -> logits [k, V]
-        """Consume k tokens at logical positions length .. length+k-1 and return their logits. The
-        round passes ints it holds on the host as a list, so that nothing is read back from a device."""
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens [k] -> logits [k, V]
+        """Consume k tokens at logical positions length .. length+k-1 and return their logits."""
 
     @abstractmethod
     def rollback(self, length: int) -> None:
@@ -169,7 +168,7 @@ class ModelSession(ABC):
         kept = catch_up(self.generated, new, self.last_logits is not None)
         self.rollback(self.prompt_length + kept)
         if kept < len(new):
-            self.forward(new[kept:])
+            self.forward(torch.tensor(new[kept:], dtype=torch.long))
         return self.last_logits
 
     def close(self) -> None:  # noqa: B027 - optional hook

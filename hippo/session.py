@@ -67,9 +67,13 @@ class KVSession(ModelSession):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor | Sequence[int]) -> torch.Tensor:  # [k] -> [k, V]
-        """Feed `tokens` (a tensor, or ints the caller holds on the host: then nothing is read back)."""
+        """Feed `tokens` (a tensor, or ints the caller holds on the host). A tensor on the host is read
+        before it is moved, so a device's copy is never read back."""
         t0 = time.perf_counter()
-        host = None if isinstance(tokens, torch.Tensor) else [int(t) for t in tokens]
+        if isinstance(tokens, torch.Tensor):
+            host = tokens.reshape(-1).tolist() if tokens.device.type == "cpu" else None
+        else:
+            host = [int(t) for t in tokens]
         ids = (torch.tensor(host) if host is not None else tokens).to(self.device, torch.long).view(1, -1)
         pos = self.positions(self.length, ids.shape[1]).to(self.device)
         self._reserve(ids.shape[1])

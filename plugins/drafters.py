@@ -28,7 +28,7 @@ class ChainDrafter(Drafter):
             if should_stop is not None and should_stop():
                 break
             if i + 1 < gamma:
-                logits = session.forward([x])[-1]  # a host int: nothing read back
+                logits = session.forward(torch.tensor([x]))[-1]
         q = torch.stack(qs) if qs else None
         return DraftProposal(tokens=torch.tensor(tokens, dtype=torch.long), q=q)
 
