@@ -214,3 +214,23 @@ def test_a_map_places_a_checkpoint_not_a_loaded_model() -> None:
     b = PipelineBuilder().devices(target_device_map="auto").target(model).scheduler("autoregressive")
     with pytest.raises(ConfigError, match="places a target loaded from a checkpoint path"):
         b.build()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["generate", "--video", "v.mp4", "--prompt", "x"],
+        ["chat", "--video", "v.mp4"],
+        ["batch", "in.jsonl", "out.jsonl"],
+        ["serve", "--media-dir", "."],
+    ],
+    ids=lambda c: c[0],
+)
+def test_every_command_takes_the_layout(command) -> None:
+    """generate, chat, batch and serve share the flags and the way to the builder's config."""
+    from hippo.cli.main import build_parser
+    from hippo.cli.video_commands import pipeline_config
+
+    flags = ["--target", "t", "--target-device-map", "balanced", "--draft-device", "cpu"]
+    cfg = pipeline_config(build_parser().parse_args([*command, *flags]))
+    assert (cfg.target_device_map, cfg.draft_device, cfg.device) == ("balanced", "cpu", None)
