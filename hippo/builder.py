@@ -23,7 +23,13 @@ import attrs
 import torch
 
 from hippo.checkpoint import check_backbone_fits, check_checkpoint, check_same_backbone, load_failed
-from hippo.devices import DeviceMap, check_device, model_devices, resolve_device_map
+from hippo.devices import (
+    DeviceMap,
+    check_device,
+    draft_gpu_left_out,
+    model_devices,
+    resolve_device_map,
+)
 from hippo.errors import ConfigError, ModelError
 from hippo.interfaces import Adapter, make_config
 from hippo.packed import MAX_ROWS
@@ -345,6 +351,9 @@ class PipelineBuilder:
                 if "device_map" in kwargs:
                     raise ConfigError("the target has a device_map keyword and a target_device_map; give one")
                 kwargs["device_map"] = device_map
+                left_out = draft_gpu_left_out(device_map, self._draft_device)
+                if left_out is not None and "max_memory" not in kwargs:
+                    kwargs["max_memory"] = left_out
             model, cls = load_model(model, backbone or "auto", **kwargs)
         elif isinstance(model, torch.nn.Module):
             cls = (

@@ -126,6 +126,23 @@ def resolve_device_map(
     return dict(value)
 
 
+def draft_gpu_left_out(device_map: DeviceMap | None, draft_device: str | None) -> dict | None:
+    """`max_memory` for `from_pretrained` that keeps a named map (auto, balanced, ...) off the draft's
+    GPU, where there are other GPUs: the paper's layout, the target over cuda:0-2 and the draft alone
+    on cuda:3, from `balanced` and `--draft-device cuda:3`. None where nothing is left out (a dict
+    map places every module itself; a draft on the CPU; one GPU)."""
+    if not isinstance(device_map, str) or not draft_device:
+        return None
+    dev = torch.device(draft_device)
+    if dev.type != "cuda" or torch.cuda.device_count() < 2:
+        return None
+    from accelerate.utils import get_max_memory
+
+    memory = get_max_memory()  # {gpu index: free bytes, ..., "cpu": bytes}
+    memory.pop(torch.cuda.current_device() if dev.index is None else dev.index, None)
+    return memory
+
+
 def input_device(model: torch.nn.Module) -> torch.device:
     """Where the model's inputs go: the device of its input embedding (the first device of a device
     map), else that of its first parameter."""

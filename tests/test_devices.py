@@ -234,3 +234,21 @@ def test_every_command_takes_the_layout(command) -> None:
     flags = ["--target", "t", "--target-device-map", "balanced", "--draft-device", "cpu"]
     cfg = pipeline_config(build_parser().parse_args([*command, *flags]))
     assert (cfg.target_device_map, cfg.draft_device, cfg.device) == ("balanced", "cpu", None)
+
+
+def test_a_named_map_leaves_the_draft_gpu_out(monkeypatch) -> None:
+    """`balanced` and a draft on cuda:3 of four GPUs: the target's max_memory has no cuda:3."""
+    pytest.importorskip("accelerate")
+    import accelerate.utils
+
+    from hippo.devices import draft_gpu_left_out
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    free = {0: 100, 1: 100, 2: 100, 3: 100, "cpu": 50}
+    monkeypatch.setattr(accelerate.utils, "get_max_memory", lambda: dict(free))
+    assert draft_gpu_left_out("balanced", "cuda:3") == {0: 100, 1: 100, 2: 100, "cpu": 50}
+    assert draft_gpu_left_out("balanced", "cpu") is None
+    assert draft_gpu_left_out({"": "cuda:0"}, "cuda:3") is None  # a dict map places every module
+    assert draft_gpu_left_out("balanced", None) is None
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert draft_gpu_left_out("balanced", "cuda:0") is None  # one GPU: shared
