@@ -211,9 +211,9 @@ def position_bias_chart(w: Workload, keep: float, out: Path) -> dict:
 def host_reads(w: Workload, keep: float, gamma: int, batches: tuple[int, ...] = (1, 8)) -> dict:
     """Host reads (GPU syncs on a device) per round outside the models' forwards, serial γ greedy:
     the extra reads of a 40-token answer over a 10-token one, per extra engine round, at each batch
-    size (`hippo.testing.syncs.HostReads`; the videos repeated to fill a batch). Not timed."""
+    size (`hippo.syncs.HostReads`; the videos repeated to fill a batch). Not timed."""
     from hippo.engine import Engine
-    from hippo.testing.syncs import HostReads
+    from hippo.syncs import HostReads
 
     pipe = (
         hippo.PipelineBuilder().target(w.target).draft(w.draft).scorer("holistic")

@@ -4,6 +4,7 @@ decoding path, then the speed of speculative against plain decoding, in a few mi
     python -m hippo.benchmarks.gpu_check                      # one CUDA GPU, at most ~7-8 minutes
     python -m hippo.benchmarks.gpu_check --out gpu-report     # also gpu-report/gpu_check.{json,txt}
     python -m hippo.benchmarks.gpu_check --device cpu --quick # a smoke test of the script itself
+    python -m hippo.benchmarks.gpu_check --cases devices --no-timing  # the multi-GPU layout alone
 
 The pair ("tiny but wide"): the stock `Qwen2_5_VLForConditionalGeneration` with random weights,
 a target with a 2048-wide language model of 10 layers (about 0.45B parameters), so that a GPU
@@ -23,7 +24,12 @@ Equality (float32 and bfloat16; oracle: `target.generate(do_sample=False)`, neve
   a draft that fails there makes hippo finish with the target alone, which this check reports as a
   failure of the case (the output is still compared);
 - `compiled`: serial decoding with the target on a compiled static-cache session (`hippo.static`,
-  `PipelineBuilder.compile("target")`; on CUDA inductor with CUDA graphs, one graph per width).
+  `PipelineBuilder.compile("target")`; on CUDA inductor with CUDA graphs, one graph per width);
+- `devices`: the paper's multi-device layout. The target is saved and loaded again with a JSON device
+  map (`target_device_map`) that splits its decoder layers over every GPU but the last (over the one
+  GPU there is, on a single-GPU machine; every module on "cpu" with `--device cpu`), and the draft
+  runs on the last GPU (`draft_device`), with `serial` and with `hippo` on the `process` executor; the
+  oracle is the mapped target's own `generate`. Needs accelerate (`pip install accelerate`).
 A verification forward scores γ+1 tokens at once where `generate` scores one, so their kernels
 differ and so may the last bits of the logits. Where a case differs from `generate`, the check
 reports the first differing position and the target's top-2 logit gap there (from `generate`'s
@@ -71,7 +77,10 @@ from typing import Any
 
 import torch
 
-CASES = ("serial", "hippo", "process", "compiled")
+CASES = ("serial", "hippo", "process", "compiled", "devices")
+#: the schedules the `devices` case runs on the paper's layout (the target by a device map, the draft
+#: on a GPU of its own)
+DEVICE_CASES = ("serial", "process")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: a mismatch is a near-tie when generate's top logit beats the token taken by at most this share
 #: of the largest |logit| at that position: 2-4 units of bfloat16 rounding (8 bits), and ~1000 units
@@ -261,6 +270,82 @@ def case_pipeline(pair: Pair, case: str, args: argparse.Namespace):
     else:
         raise ValueError(f"unknown case {case!r}")
     return b.build()
+
+
+def device_layout(device: str, layers: int) -> tuple[dict[str, str], str]:
+    """({module: device} for the target, the draft's device): the paper's layout on this machine.
+
+    With n >= 2 GPUs the target's decoder layers are split evenly over cuda:0 .. cuda:n-2 (the vision
+    tower and the embeddings on the first, the final norm and the head on the last of them) and the
+    draft gets cuda:n-1; with one GPU both share cuda:0; with `device` "cpu" every module is on "cpu"
+    (the smoke test of this path)."""
+    lm = "model.language_model"
+    if device == "cpu":
+        return {"model.visual": "cpu", lm: "cpu", "lm_head": "cpu"}, "cpu"
+    if not torch.cuda.is_available():
+        raise RuntimeError("the devices case needs a CUDA device (or --device cpu for its smoke test)")
+    n = torch.cuda.device_count()
+    gpus = [f"cuda:{i}" for i in range(max(1, n - 1))]
+    split = {f"{lm}.layers.{i}": gpus[i * len(gpus) // layers] for i in range(layers)}
+    first, last = gpus[0], gpus[-1]
+    layout = {"model.visual": first, f"{lm}.embed_tokens": first, **split}
+    layout.update({f"{lm}.norm": last, f"{lm}.rotary_emb": first, "lm_head": last})
+    return layout, f"cuda:{n - 1}"
+
+
+def check_devices(pair: Pair, args: argparse.Namespace) -> list[dict]:
+    """The `devices` case (see the module doc): one result per schedule in `DEVICE_CASES`."""
+    import hippo
+
+    n, L = args.new_tokens, int(pair.inputs["input_ids"].shape[1])
+    layout, draft_device = device_layout(args.device, len(pair.target.model.language_model.layers))
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="hippo-devices-") as tmp:
+        pair.target.save_pretrained(Path(tmp) / "target")
+        (Path(tmp) / "map.json").write_text(json.dumps(layout))
+        config = {"target": str(Path(tmp) / "target"), "target_device_map": str(Path(tmp) / "map.json")}
+        config.update(draft_device=draft_device, dtype=str(pair.dtype).removeprefix("torch."))
+        mapped = None
+        for case in DEVICE_CASES:
+            t0, pipe = time.perf_counter(), None
+            try:
+                scheduler = {"name": "serial", "gamma": args.gamma}
+                if case == "process":
+                    scheduler = {"name": "hippo", "gamma": args.gamma, "executor": "process"}
+                b = hippo.PipelineBuilder.from_config({**config, "scheduler": scheduler}).draft(
+                    copy.deepcopy(pair.draft)
+                )
+                _selector(b, args)
+                pipe = b.build()
+                placed = pipe.target_adapter.devices
+                if mapped is None:  # the oracle: the mapped target's own greedy generate
+                    mapped = pipe.target
+                    on = {
+                        k: v.to(pipe.target_adapter.device) if torch.is_tensor(v) else v
+                        for k, v in pair.inputs.items()
+                    }
+                    with torch.inference_mode():
+                        ref = mapped.generate(
+                            **on, **gen_kwargs(n), output_logits=True, return_dict_in_generate=True
+                        )
+                out = pipe.generate(pair.inputs, **gen_kwargs(n))
+                _sync()
+                result = {**compare(out.sequences, ref, L, pair.dtype), **_stats(out)}
+                result["target_devices"] = [str(d) for d in placed]
+                result["draft_device"] = str(pipe.draft_adapter.device)
+                if out.stats.fallback:
+                    result["why"] = (
+                        f"the draft failed and the target finished alone: {'; '.join(out.stats.notes)}"
+                    )
+                    result["status"] = "fallback"
+            except Exception as exc:  # reported as a failed case, never hidden
+                result = {"status": "error", "why": f"{type(exc).__name__}: {exc}"}
+            finally:
+                if pipe is not None:
+                    pipe.close()
+            result.update(case=f"devices/{case}", seconds=time.perf_counter() - t0)
+            results.append(result)
+    return results
 
 
 def compare(sequences: torch.Tensor, ref: Any, prompt_len: int, dtype: torch.dtype) -> dict:
@@ -668,7 +753,8 @@ def run(args: argparse.Namespace, rep: Report) -> int:
     rep.log(f"equality with target.generate (greedy, γ={args.gamma}):")
     # the eager cases first (seconds), then the compiled ones (compiling takes minutes), the timing
     # dtype's first: what the budget cuts is the last compiled case, never an eager one
-    order = [(c, d) for d in args.dtypes for c in args.cases if c != "compiled"]
+    order = [(c, d) for d in args.dtypes for c in args.cases if c not in ("compiled", "devices")]
+    order += [("devices", d) for d in args.dtypes if "devices" in args.cases]
     if "compiled" in args.cases:
         order += [("compiled", d) for d in sorted(args.dtypes, key=lambda d: d != args.timing_dtype)]
     for case, name in order:
@@ -680,19 +766,13 @@ def run(args: argparse.Namespace, rep: Report) -> int:
         need = COMPILE_SECONDS if case == "compiled" and args.compile_mode == "inductor" else 0.0
         if not have_time(f"{case}, {name}", need):
             continue
-        r = check_case(pair, refs[name], case, args)
-        r.update(case=case, dtype=name)
-        equality.append(r)
-        extra = ""
-        if "mat" in r:
-            extra = f" (MAT {r['mat']:.2f}, {r['seconds']:.1f}s"
-            extra += f", compiling {r['seconds_compile']:.1f}s)" if r.get("seconds_compile") else ")"
-        text = r["why"] if r["status"] in ("error", "fallback") else _describe(r)
-        if r["status"] == "fallback":
-            text = f"FALLBACK ({_describe(r)}): {text}"
-        elif r["status"] == "error":
-            text = f"ERROR: {text}"
-        rep.log(f"  {case:<9} {name:<9} {text}{extra}")
+        for r in (
+            check_devices(pair, args) if case == "devices" else [check_case(pair, refs[name], case, args)]
+        ):
+            r.setdefault("case", case)
+            r["dtype"] = name
+            equality.append(r)
+            _log_case(rep, r)
     rep.data["equality"] = equality
 
     timing: list[dict] = []
@@ -742,6 +822,22 @@ def run(args: argparse.Namespace, rep: Report) -> int:
     verdict, summary = summarise(equality, timing, skipped, timed=not args.no_timing)
     finish(rep, args, verdict, summary)
     return 0 if verdict == "PASS" else 1
+
+
+def _log_case(rep: Report, r: dict) -> None:
+    """One equality case's line."""
+    extra = ""
+    if "mat" in r:
+        extra = f" (MAT {r['mat']:.2f}, {r['seconds']:.1f}s"
+        extra += f", compiling {r['seconds_compile']:.1f}s)" if r.get("seconds_compile") else ")"
+    if "target_devices" in r:
+        extra += f" [target on {', '.join(r['target_devices'])}; draft on {r['draft_device']}]"
+    text = r["why"] if r["status"] in ("error", "fallback") else _describe(r)
+    if r["status"] == "fallback":
+        text = f"FALLBACK ({_describe(r)}): {text}"
+    elif r["status"] == "error":
+        text = f"ERROR: {text}"
+    rep.log(f"  {r['case']:<9} {r['dtype']:<9} {text}{extra}")
 
 
 def summarise(

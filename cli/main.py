@@ -417,6 +417,15 @@ def _pipeline_args(
         metavar="PATH",
         help="draft checkpoint directory: a smaller model with the target's tokenizer",
     )
+    m.add_argument(
+        "--target-device-map",
+        metavar="MAP",
+        help="spread the target over several devices: auto, balanced, balanced_low_0, sequential "
+        "(accelerate's device maps) or a JSON file of {module name: device}; not with --device",
+    )
+    m.add_argument(
+        "--draft-device", metavar="DEVICE", help="the draft's own device, e.g. cuda:3 (default: --device)"
+    )
     m.add_argument("--config", metavar="FILE", help="builder config file (JSON or TOML); flags override it")
     _video_args(g, prompt, video)
     s = g.add_argument_group("speculative decoding")
@@ -475,7 +484,7 @@ def _generate_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         ),
         epilog=(
             "--config FILE takes the builder's JSON/TOML config (PipelineConfig: target, draft, backbone, "
-            "scorer, selector, drafter, verifier, scheduler, dtype, device); flags given on the command line "
+            "scorer, selector, drafter, verifier, scheduler, dtype, device, target_device_map, draft_device); flags given on the command line "
             "override it. Without --config the defaults are --scheduler auto --scorer holistic --selector "
             "topk --keep-ratio 0.1. Bad input (video, checkpoints, tokenizers, options, a prompt "
             "longer than the context) prints one line 'hippo: error: ...' and exits 2. Exit status 1: "

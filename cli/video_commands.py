@@ -75,7 +75,7 @@ def pipeline_config(args: argparse.Namespace) -> PipelineConfig:
     """--config FILE (else the command's defaults), then every flag given on the command line."""
     base = PipelineConfig.from_file(args.config) if getattr(args, "config", None) else DEFAULTS
     changes: dict[str, Any] = {}
-    for key in ("target", "draft", "backbone", "dtype", "device"):
+    for key in ("target", "draft", "backbone", "dtype", "device", "target_device_map", "draft_device"):
         if getattr(args, key, None) is not None:
             changes[key] = getattr(args, key)
     if getattr(args, "scorer", None) is not None:
@@ -400,6 +400,8 @@ def _settings(
         **parts,
         "dtype": cfg.dtype,
         "device": cfg.device,
+        "target_device_map": cfg.target_device_map,
+        "draft_device": cfg.draft_device,
         "generation": gen,
         "seed": args.seed,
         "frames": args.frames,

@@ -23,6 +23,13 @@ import attrs
 import torch
 
 from hippo.checkpoint import check_backbone_fits, check_checkpoint, check_same_backbone, load_failed
+from hippo.devices import (
+    DeviceMap,
+    check_device,
+    draft_gpu_left_out,
+    model_devices,
+    resolve_device_map,
+)
 from hippo.errors import ConfigError, ModelError
 from hippo.interfaces import Adapter, make_config
 from hippo.packed import MAX_ROWS
@@ -56,6 +63,19 @@ class PartSpec:
     options: dict = attrs.field(factory=dict, converter=lambda d: dict(d or {}))
 
 
+def _optional_str(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{attr.name} must be a device name like 'cuda:1' or 'cpu', got {value!r}")
+
+
+def _device_map_value(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if value is not None and not isinstance(value, (str, dict)):
+        raise ConfigError(
+            f"{attr.name} must be a map name (auto, balanced, ...), a JSON file name or a "
+            f"{{module: device}} table; got {value!r}"
+        )
+
+
 @attrs.frozen
 class PipelineConfig:
     """A whole pipeline as data. `target`/`draft` are checkpoint paths (or None to set them in code)."""
@@ -71,7 +91,13 @@ class PipelineConfig:
     verifier: PartSpec | None = attrs.field(default=None, converter=_part)
     scheduler: PartSpec = attrs.field(factory=lambda: PartSpec("auto"), converter=_part)
     dtype: str | None = None
-    device: str | None = None
+    #: both models' device (cpu, cuda, cuda:N); None: where the weights load
+    device: str | None = attrs.field(default=None, validator=_optional_str)
+    #: the target spread over devices: an accelerate map name (auto, balanced, balanced_low_0,
+    #: sequential), a JSON file of {module: device}, or that dict; not together with `device`
+    target_device_map: str | dict | None = attrs.field(default=None, validator=_device_map_value)
+    #: the draft's own device (default: `device`)
+    draft_device: str | None = attrs.field(default=None, validator=_optional_str)
     #: static-cache compiled sessions: `{"roles": ["target"], "mode": "inductor"}` (None: off)
     compile: dict | None = None
     #: packed linear weights for few-token forwards: `{"roles": ["target"], "max_rows": 64}`
@@ -136,18 +162,6 @@ def load_model(
         raise ModelError(f"could not load checkpoint {str(p)!r} with {cls.__name__}: {exc}") from exc
 
 
-def check_device(device: str | None) -> None:
-    """A device name torch knows, and CUDA only where it is available."""
-    if not device:
-        return
-    try:
-        torch.device(device)
-    except RuntimeError:
-        raise ConfigError(f"device {device!r} is not a device name; use cpu, cuda or cuda:N") from None
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} was asked for but CUDA is not available; use --device cpu")
-
-
 def _session_table(name: str, table: Any, method: Any, roles: Sequence[str], keys: Sequence[str]) -> None:
     """Apply a pipeline config's `compile` or `pack` table (`roles` plus the method's options)."""
     if not isinstance(table, dict):
@@ -169,6 +183,8 @@ class PipelineBuilder:
         self._parts: dict[str, Any] = {}
         self._specs: dict[str, PartSpec | None] = {}
         self._device: str | None = None
+        self._target_device_map: DeviceMap | None = None
+        self._draft_device: str | None = None
         self._static: dict[str, StaticSessions | None] = {"target": None, "draft": None}
         self._packed: dict[str, PackedSessions | None] = {"target": PackedSessions(), "draft": None}
         defaults = PipelineConfig()
@@ -264,12 +280,37 @@ class PipelineBuilder:
             b.target(config.target, backbone=backbone, **load)
         if config.draft:
             b.draft(config.draft, backbone=backbone, **load)
-        b._device = config.device
+        b.devices(config.device, target_device_map=config.target_device_map, draft_device=config.draft_device)
         if config.compile is not None:
             _session_table("compile", config.compile, b.compile, ROLES, ("mode", "headroom"))
         if config.pack is not None:
             _session_table("pack", config.pack, b.pack, ("target",), ("max_rows",))
         return b
+
+    # ---- devices ----------------------------------------------------------------------------
+    def devices(
+        self,
+        device: str | None = None,
+        *,
+        target_device_map: DeviceMap | os.PathLike | None = None,
+        draft_device: str | None = None,
+    ) -> PipelineBuilder:
+        """Where the models run: `device` for both (cpu, cuda, cuda:N), or the target spread over
+        several devices by `target_device_map` (accelerate's `auto`, `balanced`, `balanced_low_0`,
+        `sequential`, a JSON file or a {module: device} dict, given to `from_pretrained`) and the
+        draft on `draft_device` (default: `device`). Checked now: devices that exist, a readable
+        map, accelerate installed for a map, and not `device` and a target map together."""
+        if device is not None and target_device_map is not None:
+            raise ConfigError(
+                f"device {device!r} and target_device_map both place the target (--device, "
+                "--target-device-map); give the target a map and the draft --draft-device instead"
+            )
+        check_device(device)
+        check_device(draft_device, "draft device", "--draft-device")
+        self._device = device
+        self._target_device_map = resolve_device_map(target_device_map)
+        self._draft_device = draft_device
+        return self
 
     # ---- sessions ---------------------------------------------------------------------------
     def compile(self, *roles: str, mode: str = "inductor", headroom: int = 64) -> PipelineBuilder:
@@ -298,8 +339,22 @@ class PipelineBuilder:
     # ---- build ------------------------------------------------------------------------------
     def _adapter(self, role: str) -> Adapter:
         model, backbone = self._models[role], self._adapters[role]
+        device_map = self._target_device_map if role == "target" else None
+        if device_map is not None and not isinstance(model, (str, os.PathLike)):
+            raise ConfigError(
+                "target_device_map places a target loaded from a checkpoint path; pass the path, or "
+                "load the model with from_pretrained(device_map=...) yourself and pass it"
+            )
         if isinstance(model, (str, os.PathLike)):
-            model, cls = load_model(model, backbone or "auto", **self._load_kwargs[role])
+            kwargs = dict(self._load_kwargs[role])
+            if device_map is not None:
+                if "device_map" in kwargs:
+                    raise ConfigError("the target has a device_map keyword and a target_device_map; give one")
+                kwargs["device_map"] = device_map
+                left_out = draft_gpu_left_out(device_map, self._draft_device)
+                if left_out is not None and "max_memory" not in kwargs:
+                    kwargs["max_memory"] = left_out
+            model, cls = load_model(model, backbone or "auto", **kwargs)
         elif isinstance(model, torch.nn.Module):
             cls = (
                 lookup("adapters", backbone, self._pm)
@@ -310,8 +365,8 @@ class PipelineBuilder:
             raise ConfigError(
                 f"{role} must be a transformers model or a checkpoint path, got {type(model).__name__}"
             )
-        device = self._device
-        if device:
+        device = (self._draft_device or self._device) if role == "draft" else self._device
+        if device and device_map is None:
             check_device(device)
             model = model.to(device)
         model.eval()
@@ -335,6 +390,15 @@ class PipelineBuilder:
                     "(pass the target itself for self-speculation)"
                 )
             same = self._models["draft"] is self._models["target"] and not self._adapter_options["draft"]
+            if (
+                same
+                and self._draft_device
+                and {torch.device(self._draft_device)} != set(model_devices(target.model))
+            ):
+                raise ConfigError(
+                    f"the draft is the target itself (self-speculation), which cannot also run on "
+                    f"draft device {self._draft_device!r}; drop --draft-device or pass a draft checkpoint"
+                )
             draft = target if same else self._adapter("draft")
             if type(draft.model) is not type(target.model):  # a draft's adapter may specialise the target's
                 check_same_backbone(type(target), type(draft))
@@ -344,6 +408,12 @@ class PipelineBuilder:
             raise ConfigError(
                 f"selector {self._specs['selector'].name!r} ranks tokens by score: add a scorer, "
                 "e.g. .scorer('holistic')"
+            )
+        spread = model_devices(target.model)
+        if self._static["target"] is not None and len(spread) > 1:
+            raise ConfigError(
+                f"compiled static-cache sessions run on one device, but the target is spread over "
+                f"{', '.join(map(str, spread))}; compile only the draft (compile roles ['draft'])"
             )
         names = {k: (s.name if s else "auto") for k, s in self._specs.items()}
         sessions = {

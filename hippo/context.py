@@ -28,6 +28,7 @@ import attrs
 import torch
 
 from hippo.conversation import Conversation
+from hippo.devices import model_devices
 from hippo.errors import InputError, MemoryBudgetError
 from hippo.interfaces import Adapter, Encoded, Scorer, observes_pieces, prefilling
 from hippo.kvcache import fit_cache, fork_cache
@@ -345,7 +346,9 @@ def check_budget(pipe: Pipeline, estimate: int, prefix_length: int, kind: str = 
             f"{what}, but {len(live)} live context(s) hold {held / MiB:.1f} MiB of the budget of "
             f"{budget / MiB:.1f} MiB; close a context (ctx.close()) or raise Pipeline.context_budget"
         )
-    free = available_bytes(next(pipe.target.parameters()).device)
+    # a target spread over devices holds its KV where its layers are: the free memory of them all
+    frees = [available_bytes(d) for d in model_devices(pipe.target)]
+    free = None if None in frees else sum(frees)
     if free is not None and estimate > free:
         raise MemoryBudgetError(
             f"{what}, but only {free / MiB:.1f} MiB are free on the device; close video contexts "

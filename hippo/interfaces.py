@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import attrs
 import torch
 
+from hippo.devices import input_device, model_devices
 from hippo.errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:
@@ -137,7 +138,10 @@ class ModelSession(ABC):
         m = int(pending.shape[0])
         if not m:  # p at the root is the last logits (fed again after a rollback dropped them)
             p0 = self.sync(prefix)[None]  # [1, V]
-            return torch.cat([p0, self._score_nodes(pending, proposal)]) if proposal.size else p0
+            if not proposal.size:
+                return p0
+            nodes = self._score_nodes(pending, proposal)  # [n, V]
+            return torch.cat([p0.to(nodes.device), nodes])
         return self._score_nodes(pending, proposal)[m - 1 :]
 
     def _score_nodes(self, pending: torch.Tensor, proposal: DraftProposal) -> torch.Tensor:  # [m+n, V]
@@ -446,7 +450,13 @@ class Adapter(ABC):
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where the model's inputs go: its input embedding's device (the first of a device map)."""
+        return input_device(self.model)
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        """Every device holding the model's weights, `device` first (several under a device map)."""
+        return model_devices(self.model)
 
     # ---- optional: a tiny random model and synthetic inputs, for tests, demos and benchmarks ----
     #: Module with `tiny_model(role, seed=, dtype=)` and `synthetic_inputs(model, video, before, after)`.

@@ -11,6 +11,8 @@ from typing import Any
 import attrs
 import torch
 
+from hippo.compat import cache_arg
+from hippo.devices import input_device, output_device
 from hippo.errors import ConfigError, UnsupportedError
 from hippo.forward import embeddable, embedding_rows, step_logits
 from hippo.gqa import grouped_query_sdpa
@@ -49,12 +51,16 @@ class KVSession(ModelSession):
     ):
         self.model = model
         self.cache = cache
+        # every logits row of the session on one device, the head's: a target spread by a device map
+        # may return its prefill's logits to the inputs' device (accelerate's io_same_device)
+        self.logits_device = output_device(model)
+        last_logits = last_logits.to(self.logits_device)
         self.prompt_logits = last_logits
         self.last_logits = last_logits
         self.length = length
         self.prompt_length = prompt_length
         self.positions = positions
-        self.device = last_logits.device
+        self.device = input_device(model)  # where inputs go; logits come from the head's device
         self.generated: list[int] = []
         self.seconds_decode = 0.0
         self.forwards = 0
@@ -81,7 +87,7 @@ class KVSession(ModelSession):
         self.length += ids.shape[1]
         self.generated.extend(host if host is not None else ids[0].tolist())
         self.last_logits = logits[-1]
-        synchronize(self.device)
+        synchronize(logits.device)  # the last device of a target spread over several
         self.seconds_decode += time.perf_counter() - t0
         self.forwards += 1
         self.tokens_forwarded += ids.shape[1]
@@ -89,7 +95,7 @@ class KVSession(ModelSession):
 
     def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # ids [1, k] -> logits [k, V]
         with self._kernels(ids.shape[1]), grouped_query_sdpa(self.device):
-            return self._logits(input_ids=ids, position_ids=pos)[0]
+            return self._logits(input_ids=ids, position_ids=pos)[0].to(self.logits_device)
 
     def _logits(self, **inputs: Any) -> torch.Tensor:  # -> [1, k, V]
         return step_logits(self.model, self.direct, self.cache, **inputs)
@@ -133,8 +139,8 @@ class KVSession(ModelSession):
                 input_ids=embeddable(tokens.to(self.device, torch.long).view(1, -1), self.embedding_rows),
                 position_ids=pos.to(self.device),
                 attention_mask=mask[None, None].to(self.device),
-            )[0]
-        synchronize(self.device)
+            )[0].to(self.logits_device)
+        synchronize(logits.device)
         self.seconds_decode += time.perf_counter() - t0
         self.forwards += 1
         self.tokens_forwarded += k

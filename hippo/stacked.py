@@ -70,6 +70,7 @@ class BatchedCache:
         _check(sessions)
         first = sessions[0]
         self.model, self.device, self.direct = first.model, first.device, first.direct
+        self.logits_device = first.logits_device  # the head's: see KVSession
         self.dtype = next(self.model.parameters()).dtype
         self.packed, self.max_rows = packed, max_rows
         self.embedding_rows = first.embedding_rows  # ids past them are fed as the last (`embeddable`)
@@ -157,13 +158,13 @@ class BatchedCache:
                 input_ids=ids.to(self.device),
                 position_ids=pos.to(self.device),
                 **({} if mask is None else {"attention_mask": mask.to(self.device)}),
-            )  # [B, W, V]
+            ).to(self.logits_device)  # [B, W, V]
         for b, n in enumerate(widths):
             self.slots[b].extend(range(S, S + n))
             self.lengths[b] += n
         self.valid = torch.cat([self.valid, real], dim=1)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
+        if logits.device.type == "cuda":  # the head's device: the last of a target spread over several
+            torch.cuda.current_stream(logits.device).synchronize()
         self.seconds += time.perf_counter() - t0
         self.forwards += 1
         self.tokens_forwarded += W  # per row: t_verify(B, k) is of k tokens a row

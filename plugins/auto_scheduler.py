@@ -74,6 +74,7 @@ from hippo.cost import (
     measure_verify_curve,
     rates,
 )
+from hippo.devices import input_device, model_devices
 from hippo.errors import ConfigError
 from hippo.interfaces import Scheduler
 from hippo.job import DecodeJob
@@ -132,7 +133,13 @@ def model_digest(model: torch.nn.Module) -> str:
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
+    """Where the model's inputs go (the first device of a target spread by a device map)."""
+    return input_device(model)
+
+
+def device_names(model: torch.nn.Module) -> str:
+    """The model's devices, e.g. "cuda:0" or "cuda:0,cuda:1,cuda:2" for a target spread over three."""
+    return ",".join(map(str, model_devices(model)))
 
 
 def fingerprint(target: torch.nn.Module, draft: torch.nn.Module) -> dict[str, Any]:
@@ -140,7 +147,7 @@ def fingerprint(target: torch.nn.Module, draft: torch.nn.Module) -> dict[str, An
     return {
         "version": VERSION,
         "cpu": _cpu(),
-        "device": [str(model_device(target)), str(model_device(draft))],
+        "device": [device_names(target), device_names(draft)],
         "cuda": torch.cuda.get_device_name(model_device(target))
         if model_device(target).type == "cuda"
         else None,
@@ -269,7 +276,7 @@ def own_device(job: DecodeJob) -> bool:
     """Whether the draft runs on a device of its own (another GPU), where its prefill beside the
     target's costs the target nothing."""
     p = job.pipeline
-    return p.draft_adapter.device != p.target_adapter.device
+    return not set(p.draft_adapter.devices) & set(p.target_adapter.devices)
 
 
 def length_band(visual_tokens: int) -> int:

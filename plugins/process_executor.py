@@ -9,6 +9,11 @@ plus the question's tokens), prefills on the kept visual tokens and drafts on re
 wall-clock interval of every piece of work so the parent can measure how much draft time was hidden
 behind the target.
 
+The draft runs where its weights are: on the device the builder put it on (`--draft-device cuda:3`,
+`PipelineBuilder.devices(draft_device=...)`), whose tensors the child shares with the parent (CUDA
+IPC, or shared memory on the CPU), and the child makes that device its current one. So the paper's
+layout, a target spread over three GPUs and the draft on a fourth, is a draft process on the fourth.
+
 The process starts on first use, is reused by later `generate` calls, and is shut down by
 `Pipeline.close()` or garbage collection (a weakref finaliser): no zombie is left behind. A draft
 that dies, raises, or does not answer within `timeout` seconds raises `DraftFailure`, and the
@@ -32,6 +37,7 @@ import torch.multiprocessing as mp
 from hippo import hookimpl
 from hippo.compat import drop_output_capturing_hooks, register_output_capturing
 from hippo.context import DraftPrefix, EncodingStore
+from hippo.devices import input_device
 from hippo.draft import DraftSide
 from hippo.executor import DraftFailure, DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
@@ -67,6 +73,9 @@ def _shared(payload: Any) -> Any:
 def _worker_main(model, adapter_cls, adapter_options, threads, contexts, cmd_q, res_q, stop_ticket) -> None:
     """The draft process: serve ("job" | "prefill" | "propose" | "close") commands in order."""
     torch.set_num_threads(threads)
+    device = input_device(model)  # the draft's own device (--draft-device): shared with the parent
+    if device.type == "cuda":  # this process's kernels, streams and new tensors go there
+        torch.cuda.set_device(device)
     register_output_capturing(model)  # what building the model registers, in the parent only
     adapter = adapter_cls(model, **adapter_options)
     side: DraftSide | None = None

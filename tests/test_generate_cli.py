@@ -49,6 +49,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "empty_dir": root / "empty",
     }
     paths["corrupt"].write_bytes(b"\x00garbage" * 200)
+    paths["gpu_map"] = root / "gpu_map.json"
+    paths["gpu_map"].write_text(json.dumps({"model": "cpu", "lm_head": "cuda:1"}))
     paths["zero_frames"] = write_video(root / "zero.mp4", n=0)
     paths["empty_dir"].mkdir()
     paths["no_weights"].mkdir()
@@ -243,6 +245,44 @@ def test_config_file_and_flags_override_it(env, tmp_path, capsys, suffix) -> Non
     assert s["selector"] == {"name": "topk", "options": {"keep_ratio": 0.5}}
 
 
+def test_target_device_map_and_draft_device(env, tmp_path, capsys, monkeypatch) -> None:
+    """--target-device-map FILE reaches the target's from_pretrained, --draft-device places the draft,
+    and the answer is the target's own (--compare-ar: identical, exit 0); the config file takes both."""
+    adapter = lookup("adapters", "qwen2_5_vl")
+    loads: list[dict] = []
+    original = adapter.load.__func__
+
+    def load(cls, path, **kwargs):
+        loads.append({"path": str(path), **kwargs})
+        return original(cls, path, **kwargs)
+
+    monkeypatch.setattr(adapter, "load", classmethod(load))
+    layout = {"model.visual": "cpu", "model.language_model": "cpu", "lm_head": "cpu"}
+    dmap = tmp_path / "map.json"
+    dmap.write_text(json.dumps(layout))
+    out_json = tmp_path / "out.json"
+    extra = (
+        "--target-device-map",
+        str(dmap),
+        "--draft-device",
+        "cpu",
+        "--compare-ar",
+        "--json",
+        str(out_json),
+    )
+    assert main(argv(env, *extra)) == 0, capsys.readouterr().err
+    assert "outputs identical: yes" in capsys.readouterr().err
+    assert [d.get("device_map") for d in loads if d["path"] == env["target"]] == [layout]
+    assert all("device_map" not in d for d in loads if d["path"] == env["draft"])
+    s = json.loads(out_json.read_text())["settings"]
+    assert s["target_device_map"] == str(dmap) and s["draft_device"] == "cpu"
+    cfg = tmp_path / "pipe.toml"
+    cfg.write_text(f'target_device_map = "{dmap}"\ndraft_device = "cpu"\n')
+    loads.clear()
+    assert main(argv(env, "--config", str(cfg))) == 0
+    assert loads[0]["device_map"] == layout
+
+
 def test_sampling_is_reproducible_and_compared_fairly(env, tmp_path, capsys) -> None:
     runs = []
     for i in range(2):
@@ -367,16 +407,36 @@ BAD = {
         "is a qwen2_5_vl model (model_type 'qwen2_5_vl'), not qwen3_vl; drop --backbone",
     ),
     "unknown device": ({}, ("--device", "foo"), "device 'foo' is not a device name; use cpu, cuda or cuda:N"),
+    "unknown device map": (
+        {},
+        ("--target-device-map", "balance"),
+        "target_device_map 'balance' is neither a device map name (auto, balanced, balanced_low_0, "
+        "sequential) nor a JSON file",
+    ),
+    "device map not JSON": ({}, ("--target-device-map", "{corrupt}"), "is not valid JSON"),
+    "device map unreadable": ({}, ("--target-device-map", "/nonexistent/map.json"), "cannot be read"),
+    "device and device map": (
+        {},
+        ("--device", "cpu", "--target-device-map", "auto"),
+        "both place the target (--device, --target-device-map)",
+    ),
+    "unknown draft device": ({}, ("--draft-device", "gpu"), "draft device 'gpu' is not a device name"),
     "json is a directory": ({}, ("--json", "/tmp"), "--json '/tmp' is a directory; pass a file name in it"),
     "cuda without cuda": pytest.param(
         {}, ("--device", "cuda"), "CUDA is not available; use --device cpu", marks=CUDA
+    ),
+    "draft on cuda without cuda": pytest.param(
+        {}, ("--draft-device", "cuda:3"), "CUDA is not available; use --draft-device cpu", marks=CUDA
+    ),
+    "device map entry on cuda without cuda": pytest.param(
+        {}, ("--target-device-map", "{gpu_map}"), "device map entry 'lm_head': device 'cuda:1'", marks=CUDA
     ),
 }
 
 
 def _fill(env: dict[str, str], replace: dict, extra: tuple) -> list[str]:
     replace = {k: (None if v is None else v.format(**env)) for k, v in replace.items()}
-    return argv(env, *extra, **replace)
+    return argv(env, *(e.format(**env) for e in extra), **replace)
 
 
 @pytest.mark.parametrize("replace, extra, message", BAD.values(), ids=BAD.keys())
@@ -538,8 +598,12 @@ def test_bias_writes_png_and_json(env, tmp_path, capsys) -> None:
             "generate",
             "--target --draft --video --prompt --backbone --scheduler --scorer --selector --keep-ratio --gamma "
             "--frames --fps --max-pixels --max-new-tokens --do-sample --temperature --top-p --top-k --seed "
-            "--device --dtype --system --compare-ar --json --config --no-progress --debug",
+            "--device --dtype --system --compare-ar --json --config --no-progress --debug --target-device-map "
+            "--draft-device",
         ),
+        ("chat", "--target-device-map --draft-device --device"),
+        ("batch", "--target-device-map --draft-device --device"),
+        ("serve", "--target-device-map --draft-device --device"),
         (
             "bias",
             "--target --video --prompt --keep-ratio --boundary --png --json --frames --fps --max-pixels "

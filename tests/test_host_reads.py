@@ -1,4 +1,4 @@
-"""Host reads per round: the CPU stand-in for GPU syncs (`hippo.testing.syncs.HostReads`).
+"""Host reads per round: the CPU stand-in for GPU syncs (`hippo.syncs.HostReads`).
 
 On a GPU each read of a tensor by the host stalls the device; the round reads its verdicts once
 (`hippo.accept.decide`), and a batch's greedy drafting keeps its tokens on the device and reads the
@@ -14,7 +14,7 @@ import torch
 from hippo.engine import Engine
 from hippo.testing.models import Prompt, pixel_unit, text_ids
 from hippo.testing.reference import build_pipeline
-from hippo.testing.syncs import HostReads
+from hippo.syncs import HostReads
 
 ADAPTER = "qwen2_5_vl"
 #: reads per round of a batch at steady state: the drafting's table and the verdicts (the goal is 2;

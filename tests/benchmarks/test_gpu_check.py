@@ -61,3 +61,49 @@ def test_gpu_check_passes_on_a_gpu(tmp_path):
     assert gpu_check.main(["--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["verdict"] == "PASS" and report["equality"]
+
+
+@pytest.mark.xdist_group("processes")  # a draft process
+def test_the_devices_case_runs_its_path_on_the_cpu(tmp_path):
+    """The multi-device case's code path end to end, with every module mapped to "cpu": the target
+    reloaded by a JSON device map, the draft on --draft-device (here the CPU), exact."""
+    pytest.importorskip("accelerate")
+    argv = ["--device", "cpu", "--quick", "--cases", "devices", "--dtypes", "float32", "--no-timing"]
+    assert gpu_check.main([*argv, "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    cases = {r["case"]: r for r in report["equality"]}
+    assert set(cases) == {f"devices/{c}" for c in gpu_check.DEVICE_CASES}
+    for r in cases.values():
+        assert r["status"] == "equal" and r["target_devices"] == ["cpu"] and r["draft_device"] == "cpu"
+
+
+def test_the_devices_layout_on_four_gpus(monkeypatch):
+    """The paper's layout: the target's layers over cuda:0-2, its head on cuda:2, the draft on cuda:3."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    layout, draft = gpu_check.device_layout("cuda", 6)
+    layers = [layout[f"model.language_model.layers.{i}"] for i in range(6)]
+    assert layers == ["cuda:0", "cuda:0", "cuda:1", "cuda:1", "cuda:2", "cuda:2"]
+    assert layout["model.language_model.embed_tokens"] == layout["model.visual"] == "cuda:0"
+    assert layout["lm_head"] == "cuda:2" and draft == "cuda:3"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    layout, draft = gpu_check.device_layout("cuda", 6)
+    assert set(layout.values()) == {"cuda:0"} and draft == "cuda:0"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
+def test_the_devices_layout_without_a_gpu_says_so():
+    with pytest.raises(RuntimeError, match="the devices case needs a CUDA device"):
+        gpu_check.device_layout("cuda", 6)
+
+
+@pytest.mark.gpu
+def test_the_paper_layout_on_the_gpus(tmp_path):
+    """The target spread by a device map over the GPUs (all but the last), the draft on the last one:
+    exact against the mapped target's own greedy generate, in float32 and bfloat16."""
+    if not torch.cuda.is_available():
+        pytest.fail("this check needs at least one CUDA GPU; torch sees none")
+    assert gpu_check.main(["--cases", "devices", "--no-timing", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    last = f"cuda:{torch.cuda.device_count() - 1}"
+    assert report["equality"] and all(r["draft_device"] == last for r in report["equality"])
