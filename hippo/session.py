@@ -11,7 +11,6 @@ from typing import Any
 import attrs
 import torch
 
-from hippo.compat import cache_arg
 from hippo.devices import input_device, output_device
 from hippo.errors import ConfigError, UnsupportedError
 from hippo.forward import embeddable, embedding_rows, step_logits
