@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from hippo.engine import Engine
+from hippo.syncs import HostReads
 from hippo.testing.models import Prompt, pixel_unit, text_ids
 from hippo.testing.reference import build_pipeline
-from hippo.syncs import HostReads
 
 ADAPTER = "qwen2_5_vl"
 #: reads per round of a batch at steady state: the drafting's table and the verdicts (the goal is 2;
