@@ -34,15 +34,17 @@ from hippo.benchmarks.train import AuxHeads, Phase, TrainConfig, run_phase  # no
 from hippo.cli.pair.tokens import set_generation_defaults  # noqa: E402
 
 SIZES = [(168, 64, 4), (168, 128, 2), (168, 96, 3), (168, 192, 1), (168, 64, 4), (168, 256, 1)]
+#: `--small`: half the visual tokens per step (1,152-2,304), for more steps on a busy machine
+SMALL_SIZES = [(168, 64, 2), (168, 96, 1), (168, 64, 2), (168, 128, 1)]
 #: (layer, query head) whose attention the guided loss trains: the niah pair's own
 ATTEND_AT = {"target": (2, 0), "draft": (1, 0)}
 
 
-def config(role: str, steps: int, lr: float, seed: int = 0) -> TrainConfig:
+def config(role: str, steps: int, lr: float, seed: int = 0, small: bool = False) -> TrainConfig:
     phase = Phase(
         "lists",
         steps,
-        SIZES,
+        SMALL_SIZES if small else SIZES,
         lr=lr,
         vision_lr_scale=0.3,
         task="lists",
@@ -64,6 +66,7 @@ def main(argv=None) -> None:
     )
     p.add_argument("--resume", action="store_true", help="start from <out>/<role> and its auxiliary heads")
     p.add_argument("--save-every", type=int, default=25)
+    p.add_argument("--small", action="store_true", help="`SMALL_SIZES`: shorter clips, smaller batches")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -76,7 +79,7 @@ def main(argv=None) -> None:
     aux = AuxHeads(model.config.text_config.hidden_size, cues=True, global_labels=("step",))
     if args.resume and (out / "aux.pt").is_file():
         aux.load_state_dict(torch.load(out / "aux.pt"))
-    cfg = config(args.role, args.steps, args.lr, args.seed)
+    cfg = config(args.role, args.steps, args.lr, args.seed, args.small)
     print(f"[{args.role}] from {init}; {cfg}", flush=True)
 
     def save(step: int) -> None:
