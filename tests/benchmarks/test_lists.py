@@ -69,3 +69,31 @@ def test_widening_without_copying_key_value_heads_keeps_the_logits_in_float64() 
             assert max_logit_difference(model, wide, inputs) < 1e-10
     with pytest.raises(ValueError, match="one key/value head"):
         widen(widen(model, k=2, m=1), k=2, m=1, kv=1)  # two KV heads: only copies of all of them
+
+
+def test_the_committed_pair_is_shaped_like_72b_and_7b() -> None:
+    """`benchmarks/pair_lists/` as `hippo bench --long` loads it (checksums checked): the target's query
+    heads share one key/value head 8 to 1 (Qwen2.5-72B: 64 to 8) and its KV cache at 8k visual tokens
+    is at most 10% of a decode step's bytes; the draft, widened function-preservingly (float64),
+    reads about 1/10 of the target's weights and prefill FLOPs (its KV per token: 1/4; the real
+    7B/72B: 0.175; `docs/long-video.md`)."""
+    from hippo.benchmarks.pair import DRAFT_WIDEN, LISTS_DIR, cost_ratios, decode_cost, prefill_flops
+    from hippo.benchmarks.tokenizer import processor_inputs
+    from hippo.cli.pair.checkpoint import load_model, load_pair
+    from hippo.cli.pair.niah import FPS
+    from hippo.cli.pair.widen import max_logit_difference, norms_in_input_dtype, widen
+
+    target, _, tokenizer = load_pair(directory=LISTS_DIR)
+    t = target.config.text_config
+    assert (t.num_attention_heads, t.num_key_value_heads) == (8, 1)
+    cost = decode_cost(target)
+    kv_8k = cost["kv_per_token"] * 8208
+    assert kv_8k / (kv_8k + cost["weights"]) <= 0.10
+    draft = load_model(LISTS_DIR / "draft", torch.float64)
+    wide = widen(draft, **DRAFT_WIDEN[LISTS_DIR.name])
+    inputs = processor_inputs(tokenizer, lists_sample(0, SMALL).video, MAIN, fps=FPS, dtype=torch.float64)
+    with norms_in_input_dtype():
+        assert max_logit_difference(draft, wide, inputs) < 1e-6
+    ratios = cost_ratios(target, wide)
+    assert 0.08 <= ratios["weights"] <= 0.12 and ratios["kv_per_token"] == 0.25, ratios
+    assert 0.08 <= prefill_flops(wide, 8208) / prefill_flops(target, 8208) <= 0.13
