@@ -1,11 +1,13 @@
 """`hippo bench --long`: long videos, where HIPPO's pruning and parallel drafting are meant to pay.
 
-The committed long-video pair (`benchmarks/pair_niah/`, trained by `python -m hippo.benchmarks.niah_train`)
-answers `what happens ?` about needle-in-a-haystack clips (`hippo.cli.pair.niah`): 7-8 brief needles
-in a drifting haystack with circling distractors, listed in temporal order (66-75 tokens). Both
-models are widened function-preservingly at load time (`hippo.cli.pair.widen`) so that the draft
-costs about 1/10 of the target in weights, KV bytes per token and prefill FLOPs, as a 7B draft does
-for a 72B target; their outputs are the trained models'.
+The committed long-video pair (`benchmarks/pair_lists/`, trained by `python -m hippo.benchmarks.lists_train`)
+answers four questions about needle-in-a-haystack clips (`hippo.cli.pair.lists`): 6-8 brief needles
+in a drifting haystack with circling distractors, one attribute of each (colour, shape, row,
+direction) listed in temporal order, one word per needle and a full stop. Both models are widened
+function-preservingly at load time (`hippo.cli.pair.widen`), the key/value heads not copied, so that
+the pair's costs are shaped like a 72B target's and a 7B draft's (`docs/long-video.md`): 8 query
+heads per key/value head, the target's KV cache at 8k visual tokens under 10% of a decode step's
+bytes, the draft ~1/10 of the target's weights; their outputs are the trained models'.
 
 For each N (visual tokens) one held-out clip is answered by every row, warm (each pipeline ran once
 on the smallest clip first), the rows one after another in one process, the target alone both first
@@ -19,10 +21,15 @@ rows favours no row for its place, and the report gives the drift (last over fir
 - `hippo` (parallel) with holistic; `self_spec` (the target drafts for itself on the pruned video);
   `auto` (the default) with holistic.
 
-Two workloads: `one_question` (cold: the target's prefill and one answer, `generate`) and
-`four_questions` (`prepare` once, then four answers with `ask`; the headline long-video workload,
-since on a CPU the prefill dominates one cold answer; HF `generate` has no prepared video, so its four
-are four cold questions, left out of `--quick`). Every output is compared with HF `generate`'s.
+Two workloads: `one_question` (cold: the target's prefill and `what happens ?`, `generate`) and
+`four_questions` (`prepare` once, then the four different questions of `lists.QUESTIONS` with `ask`;
+the headline long-video workload, since on a CPU the prefill dominates one cold answer; HF
+`generate` has no prepared video, so its four are four cold questions, left out of `--quick`).
+Every output is compared with HF `generate`'s (in `--quick`, the four answers with the target
+alone's, whose first answer is compared with HF `generate`'s). `auto` rows give the keep ratio
+`auto` chose for each answer (`keep_ratio_used`), and every row a `projected_e2e`: its measured
+rounds charged at the paper's hardware's costs scaled to its N (`projection.long_projection`; a
+projection, with the range that Table 2's unknown N gives).
 Per row: MAT, needle recall (the share of needle tokens the draft kept), the draft's cost per token
 over the target's, TTFT and prefill share, end-to-end and decode-phase speedups over `target_alone`,
 peak resident memory, and whether the output is identical. Per N: the target's decode step and its
@@ -47,6 +54,7 @@ import torch
 import hippo
 from hippo.errors import ModelError
 
+from .projection import long_projection
 from .report import LONG_HEADING, section
 
 SWEEP = (576, 2048, 4096, 8192, 16384)
@@ -91,10 +99,15 @@ def rows(keep_ratios: tuple[float, ...]) -> list[Row]:
 @dataclass
 class Clip:
     tokens: int  # N visual tokens
-    inputs: dict  # processor inputs of the whole prompt
+    inputs: dict  # processor inputs of the whole prompt (the first question)
     needles: torch.Tensor  # [M] visual-token indices showing a needle
     needle_depth: torch.Tensor  # [M] the depth in [0, 1] of each such token's needle
     reference: str  # the task's own answer
+    #: the four questions' texts, each one's processor inputs (the same video) and its token ids
+    #: after the prompt's shared prefix (what `ask_ids` is given about a prepared video)
+    questions: tuple[str, ...] = ()
+    question_inputs: tuple[dict, ...] = ()
+    question_ids: tuple[torch.Tensor, ...] = ()
 
 
 def load_long_pair(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
@@ -102,26 +115,43 @@ def load_long_pair(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
     from hippo.cli.pair.checkpoint import CHECKSUMS, load_pair
     from hippo.cli.pair.widen import widen
 
-    from .pair import DRAFT_WIDEN, NIAH_DIR
+    from .pair import DRAFT_WIDEN, LISTS_DIR
 
-    if not (NIAH_DIR / CHECKSUMS).is_file():
+    if not (LISTS_DIR / CHECKSUMS).is_file():
         raise ModelError(
-            f"the long-video pair is not in {NIAH_DIR}; train it with `python -m hippo.benchmarks.niah_train`"
+            f"the long-video pair is not in {LISTS_DIR}; train it with `python -m hippo.benchmarks.lists_train`"
         )
-    target, draft, tok = load_pair(dtype, directory=NIAH_DIR)
-    return target, widen(draft, **DRAFT_WIDEN[NIAH_DIR.name]).to(dtype), tok
+    target, draft, tok = load_pair(dtype, directory=LISTS_DIR)
+    return target, widen(draft, **DRAFT_WIDEN[LISTS_DIR.name]).to(dtype), tok
 
 
 def clip(tokenizer: Any, tokens: int, seed: int) -> Clip:
-    from hippo.cli.pair.niah import FPS, QUESTION, config_for, needle_rows, niah_sample
+    from hippo.cli.pair.lists import MAIN, QUESTIONS, lists_sample
+    from hippo.cli.pair.niah import FPS, config_for, needle_rows
 
-    from .tokenizer import processor_inputs
+    from .tokenizer import processor_inputs, prompt_ids
 
-    smp = niah_sample(10**9 + seed, config_for(tokens))
+    smp = lists_sample(10**9 + seed, config_for(tokens), MAIN)
     rows_ = needle_rows(smp)
     depth = torch.tensor([n.depth for n in smp.needles])[smp.token_labels["step"][rows_] - 1]
-    inputs = processor_inputs(tokenizer, smp.video, QUESTION, fps=FPS)
-    return Clip(int(smp.token_labels["step"].numel()), inputs, rows_, depth, smp.caption)
+    inputs = processor_inputs(tokenizer, smp.video, MAIN, fps=FPS)
+    n = int(smp.token_labels["step"].numel())
+    video = tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    shared = int((inputs["input_ids"][0] == video).nonzero().max()) + 1  # up to the last video token
+    per_question, after = [], []
+    for q in QUESTIONS:
+        ids = torch.tensor([prompt_ids(tokenizer, n, q)])
+        assert torch.equal(ids[0, :shared], inputs["input_ids"][0, :shared])
+        per_question.append(
+            {
+                **inputs,
+                "input_ids": ids,
+                "attention_mask": torch.ones_like(ids),
+                "mm_token_type_ids": (ids == video).long() * 2,
+            }
+        )
+        after.append(ids[0, shared:])
+    return Clip(n, inputs, rows_, depth, smp.caption, tuple(QUESTIONS), tuple(per_question), tuple(after))
 
 
 def pipeline(row: Row, target: Any, draft: Any, clip_: Clip, gamma: int) -> hippo.Pipeline:
@@ -197,11 +227,6 @@ def _recall(kept: torch.Tensor | None, c: Clip) -> tuple[float, dict[str, float]
     }
 
 
-def _question_ids(pipe: hippo.Pipeline, inputs: dict) -> torch.Tensor:  # -> [k] after the shared prefix
-    ids = inputs["input_ids"][0]
-    return ids[pipe.target_adapter.shared_prefix_length(ids) :]
-
-
 def one_question(row: Row, pipe: hippo.Pipeline | None, target: Any, c: Clip, gen: dict) -> dict:
     """A cold question: the whole prompt's prefill and one answer."""
     with PeakMemory() as mem:
@@ -231,24 +256,27 @@ def one_question(row: Row, pipe: hippo.Pipeline | None, target: Any, c: Clip, ge
 
 
 def four_questions(pipe: hippo.Pipeline | None, target: Any, c: Clip, gen: dict) -> dict:
-    """One prepared video, `QUESTIONS` answers (HF generate: the whole prompt each time)."""
+    """One prepared video, its `QUESTIONS` different questions (HF generate: each whole prompt cold)."""
+    if len(c.questions) != QUESTIONS:
+        raise ValueError(
+            f"a clip of the four-question workload has {QUESTIONS} questions, not {len(c.questions)}"
+        )
     answers = []
     with PeakMemory() as mem:
         t0 = time.perf_counter()
         if pipe is None:
-            for _ in range(QUESTIONS):
-                seq = target.generate(**c.inputs, **gen)
-                answers.append((seq[0, c.inputs["input_ids"].shape[1] :].tolist(), {}))
+            for inputs in c.question_inputs:
+                seq = target.generate(**inputs, **gen)
+                answers.append((seq[0, inputs["input_ids"].shape[1] :].tolist(), {}))
             prepare = 0.0
         else:
             ctx = pipe.prepare(c.inputs)
             prepare = time.perf_counter() - t0
-            question = _question_ids(pipe, c.inputs)
             try:
-                for _ in range(QUESTIONS):
+                for inputs, question in zip(c.question_inputs, c.question_ids, strict=True):
                     out = pipe.ask_ids(ctx, question, **gen)
                     answers.append(
-                        (out.sequences[0, c.inputs["input_ids"].shape[1] :].tolist(), out.stats.as_dict())
+                        (out.sequences[0, inputs["input_ids"].shape[1] :].tolist(), out.stats.as_dict())
                     )
             finally:
                 ctx.close()
@@ -256,6 +284,7 @@ def four_questions(pipe: hippo.Pipeline | None, target: Any, c: Clip, gen: dict)
     asks = [s for _, s in answers if s]
     return {
         "seqs": [a for a, _ in answers],
+        "asks": asks,
         "seconds": seconds,
         "prepare_seconds": prepare,
         "decode_seconds": seconds - prepare - sum(s["seconds_target_prefill"] for s in asks),
@@ -364,7 +393,13 @@ def run(
         for pipe in pipes.values():
             if pipe is not None:
                 pipe.close()
-    summary = {"rows": out_rows, "steps": per_n, "bandwidth_bytes_per_s": bandwidth, "gamma": gamma}
+    summary = {
+        "rows": out_rows,
+        "steps": per_n,
+        "bandwidth_bytes_per_s": bandwidth,
+        "gamma": gamma,
+        "questions": list(clips[min(sweep)].questions),
+    }
     summary["claims"] = claims(summary, target, tok, clips[max(sweep)], log)
     return summary
 
@@ -400,6 +435,9 @@ def bracket(
 def _rows_at(c: Clip, table: list[Row], results: dict, step: dict) -> list[dict]:
     ref = results["hf_generate"]
     base_one, base_four = results["target_alone"]
+    # each question's own reference: HF generate's answers where they ran (not in --quick), else the
+    # target alone's (whose first question's answer is checked against HF generate's, below)
+    references = (ref[1] or base_four)["seqs"]
     t_step = base_one["stats"]["seconds_target_decode"] / max(1, base_one["stats"]["new_tokens"])
     out = []
     for row in table:
@@ -410,8 +448,10 @@ def _rows_at(c: Clip, table: list[Row], results: dict, step: dict) -> list[dict]
         )
         drafted = sum(st.get("drafted_per_round", []))
         draft_step = st.get("seconds_draft_decode", 0.0) / drafted if drafted else None
-        identical = one["seq"] == ref[0]["seq"] and all(
-            s == ref[0]["seq"] for s in (four or {}).get("seqs", [])
+        identical = (
+            one["seq"] == ref[0]["seq"]
+            and references[0] == ref[0]["seq"]
+            and (four is None or four["seqs"] == references)
         )
         for workload, w, base in (("one_question", one, base_one), ("four_questions", four, base_four)):
             if w is None:  # not run (HF generate's four cold questions in --quick)
@@ -444,9 +484,35 @@ def _rows_at(c: Clip, table: list[Row], results: dict, step: dict) -> list[dict]
                     "rounds": st.get("emitted_per_round", []) if workload == "one_question" else None,
                     "t_decode_over_bound": step["decode_over_bound"],
                     "t_verify_over_bound": step["verify_over_bound"],
+                    "keep_ratio_used": keep_used(
+                        row, [st] if workload == "one_question" else w.get("asks", [])
+                    ),
+                    "projected_e2e": long_projection(
+                        row.method,
+                        [st if "new_tokens" in st else {"new_tokens": len(one["seq"])}]
+                        if workload == "one_question"
+                        else w.get("asks") or _ar_asks(w),
+                        c.tokens,
+                        row.keep_ratio if row.selector != "full" else 1.0,
+                    ),
                 }
             )
     return out
+
+
+def keep_used(row: Row, asks: list[dict]) -> float | list[float] | None:
+    """The keep ratio each answer's draft used: `auto`'s choice (its plan's `keep`), else the row's
+    own; one value for one question, a list for a prepared video's; None without a draft."""
+    if row.method in ("target_alone", "hf_generate"):
+        return None
+    own = row.keep_ratio if row.selector != "full" else 1.0
+    used = [float(s.get("plan", {}).get("keep", {}).get("ratio", own)) for s in asks]
+    return used[0] if len(used) == 1 else used
+
+
+def _ar_asks(w: dict) -> list[dict]:
+    """HF generate's four cold answers as stats (it reports none): their new tokens."""
+    return [{"new_tokens": len(s)} for s in w.get("seqs", [])]
 
 
 def _mat_ci(emitted: list[int]) -> tuple[float, float, float]:
@@ -667,6 +733,12 @@ def claims_markdown(claims: dict) -> list[str]:
     return lines
 
 
+def _keep_text(used: float | list[float] | None) -> str:
+    if used is None:
+        return ""
+    return " / ".join(_f(u, ".0%") for u in (used if isinstance(used, list) else [used]))
+
+
 def markdown(summary: dict) -> str:
     from .tables import markdown_table
 
@@ -718,6 +790,8 @@ def markdown(summary: dict) -> str:
         "prefill share",
         "peak MiB (process / the run's own)",
         "identical",
+        "keep used",
+        "projected e2e × (paper's hardware)",
     ]
     body = [
         [
@@ -735,11 +809,27 @@ def markdown(summary: dict) -> str:
             _f(r["prefill_share"], ".0%"),
             f"{r['peak_mib']:.0f} / {_f(r.get('extra_mib'), '.0f')}",
             "yes" if r["identical"] else "**NO**",
+            _keep_text(r.get("keep_ratio_used")),
+            "–".join(_f(x) for x in r["projected_e2e"]["speedup"]) if r.get("projected_e2e") else "",
         ]
         for r in summary["rows"]
     ]
     lines += markdown_table(header, body)
-    if "claims" in summary:
+    if summary.get("questions"):
+        lines += [
+            "",
+            "Questions of the four-question workload: "
+            + "; ".join(f"`{q}`" for q in summary["questions"])
+            + ".",
+        ]
+    lines += [
+        "",
+        "Projected e2e: each row's measured rounds charged at the paper's Table 2 costs (72B/7B, 4x H200) "
+        "scaled to the row's N (`benchmarks/projection.py`: prefill linear plus attention, a forward's "
+        "weight and KV bytes); the range is Table 2's unknown N (12,544-25,088 visual tokens). A projection, "
+        "not a measurement.",
+    ]
+    if summary.get("claims"):
         lines += ["", *claims_markdown(summary["claims"])]
     return "\n".join(lines) + "\n"
 

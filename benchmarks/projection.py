@@ -57,3 +57,101 @@ def paper_curve() -> VerifyCurve:
 def simulated_options(options: dict[str, Any]) -> dict[str, Any]:
     """A parallel row's scheduler options, moved onto the simulated executor with the paper's costs."""
     return {**options, "executor": "simulated", "executor_options": dict(COSTS)}
+
+
+# ---- long videos: Table 2's costs scaled with the number of visual tokens N ---------------------
+#
+# Table 2 does not give its N. The paper's appendix gives LLaVA-OneVision 196 x 64 and 196 x 128
+# visual tokens and says the other models' frame rates were set for inputs of comparable length,
+# so Table 2's N0 lies in PAPER_N (a projection at N is given for both ends: its range). The model,
+# per forward or prefill at N visual tokens (x = N / N0):
+#
+# - target prefill: 33.71 s x x (1 - b + b x): linear (the vision encoder, which dominates a video-LLM's
+#   prefill, and the language model's projections) and b the attention's share of the language
+#   model's prefill FLOPs at N0 (Qwen2.5-72B: 4 x 80 layers x 8,192 attention width x N0/2 per token
+#   against 2 x 72e9 of projections: `attention_share`);
+# - target forward (decode or verification, bandwidth-bound): 0.512 s x (W + k N) / (W + k N0), W the
+#   72B's weights and k its KV bytes per token (bf16: 80 layers x 2 x 8 heads x 128 x 2 bytes);
+# - draft prefill: 2.79 s x x (its vision encoder reads every frame; the pruned language model's
+#   prefill is small), plus, for a draft that keeps a share r > 0.1 of the video, its language
+#   model's extra 2 x 7e9 x (r - 0.1) N FLOPs at DRAFT_FLOPS;
+# - draft forward: 0.050 s x (W_d + k_d r N) / (W_d + k_d 0.1 N0) (the 7B: weights and KV per token).
+
+PAPER_N = (196 * 64, 196 * 128)
+TARGET_WEIGHT_BYTES = 72e9 * 2
+TARGET_KV_BYTES = 80 * 2 * 8 * 128 * 2  # per token
+DRAFT_WEIGHT_BYTES = 7e9 * 2
+DRAFT_KV_BYTES = 28 * 2 * 4 * 128 * 2
+DRAFT_FLOPS = 400e12  # FLOP/s of the draft's prefill on one H200 (bf16, about half its peak)
+
+
+def attention_share(n0: int) -> float:
+    """The attention's share of Qwen2.5-72B's language-model prefill FLOPs at n0 tokens (causal)."""
+    attention = 4 * 80 * 8192 * n0 / 2
+    return attention / (attention + 2 * 72e9)
+
+
+def long_costs(n: int, keep_ratio: float, n0: int) -> dict[str, float]:
+    """Table 2's costs (`COSTS`) scaled to n visual tokens from the paper's n0 (the model above)."""
+    x, b = n / n0, attention_share(n0)
+    kv = TARGET_KV_BYTES
+    draft_tokens = keep_ratio * n
+    return {
+        "target_prefill": COSTS["target_prefill"] * x * (1 - b + b * x),
+        "target_forward": COSTS["target_forward"]
+        * (TARGET_WEIGHT_BYTES + kv * n)
+        / (TARGET_WEIGHT_BYTES + kv * n0),
+        "draft_prefill": COSTS["draft_prefill"] * x + max(0.0, keep_ratio - 0.1) * n * 2 * 7e9 / DRAFT_FLOPS,
+        "draft_forward": COSTS["draft_forward"]
+        * (DRAFT_WEIGHT_BYTES + DRAFT_KV_BYTES * draft_tokens)
+        / (DRAFT_WEIGHT_BYTES + DRAFT_KV_BYTES * 0.1 * n0),
+    }
+
+
+def long_answer_seconds(method: str, stats: dict, costs: dict[str, float]) -> float:
+    """One answer's decoding on the paper's hardware, from its measured rounds (no prefill):
+
+    - the target alone (and HF generate): one target forward per new token;
+    - serial SD (`serial`, `self_spec`): per round its γ draft forwards, then one verification;
+    - parallel (`hippo`, and `auto` whatever it chose: its best case): per round the longer of the
+      verification and the draft's next γ forwards (PEARL's overlap, each model on its own GPUs).
+    """
+    if method in ("target_alone", "hf_generate") or not stats.get("rounds"):
+        return stats.get("new_tokens", 0) * costs["target_forward"]
+    drafted = stats.get("drafted_per_round", [])
+    f_t, f_d = costs["target_forward"], costs["draft_forward"]
+    if method in ("hippo", "auto"):
+        rounds = sum(max(f_t, d * f_d) for d in drafted) + f_t * stats.get("target_steps", 0)
+    else:
+        rounds = sum(drafted) * f_d + len(drafted) * f_t
+    return rounds
+
+
+def long_projection(method: str, asks: list[dict], n: int, keep_ratio: float) -> dict[str, Any]:
+    """A long row's end-to-end seconds on the paper's hardware at both ends of `PAPER_N`: the target's
+    prefill once (a prepared video's questions share it), the draft's prefill once where a draft
+    runs (overlapped with the target's in `hippo`/`auto`), and every answer's decoding
+    (`long_answer_seconds`); with the target alone's seconds for the same answers, and the speedup."""
+    drafts = method not in ("target_alone", "hf_generate")
+    out: dict[str, Any] = {"label": "projection to the paper's hardware (4x H200, 72B/7B), not a measurement"}
+    seconds, alone = [], []
+    for n0 in PAPER_N:
+        costs = long_costs(n, keep_ratio if drafts else 1.0, n0)
+        prefills = 1 if method != "hf_generate" else len(asks)  # HF generate has no prepared video
+        draft_prefill = costs["draft_prefill"] if drafts else 0.0
+        if method in ("hippo", "auto"):
+            draft_prefill = max(0.0, draft_prefill - costs["target_prefill"])  # overlapped
+        decode = sum(long_answer_seconds(method, s, costs) for s in asks)
+        seconds.append(prefills * costs["target_prefill"] + draft_prefill + decode)
+        tokens = sum(s.get("new_tokens", 0) for s in asks)
+        alone.append(costs["target_prefill"] + tokens * costs["target_forward"])
+    speedups = [a / s for a, s in zip(alone, seconds)]
+    out.update(
+        {
+            "paper_n0": list(PAPER_N),
+            "seconds": [min(seconds), max(seconds)],
+            "target_alone_seconds": [min(alone), max(alone)],
+            "speedup": [min(speedups), max(speedups)],
+        }
+    )
+    return out

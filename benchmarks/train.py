@@ -79,8 +79,9 @@ class Phase:
     vision_lr_scale: float = 1.0  # the vision encoder (not its merger) learns this much slower
     one_object_frac: float = 0.0  # curriculum: the phase's first steps show one object only
     prune_frac: float = 0.0  # fraction of steps (after the curriculum) with pruned visual inputs
-    #: "caption" (hippo.cli.pair.task), "narrate" (hippo.cli.pair.narration: one question per batch) or
-    #: "niah" (hippo.cli.pair.niah: needles in a long haystack)
+    #: "caption" (hippo.cli.pair.task), "narrate" (hippo.cli.pair.narration: one question per batch),
+    #: "niah" (hippo.cli.pair.niah: needles in a long haystack) or "lists" (hippo.cli.pair.lists: one
+    #: attribute of every needle, one question per batch)
     task: str = "caption"
     teacher: str | None = None  # distil: answers are this checkpoint's greedy outputs, not the references
     attend_weight: float = 0.0  # narration: weight of `attention_loss` (0: off)
@@ -265,6 +266,14 @@ def _samples(cfg: TrainConfig, index: int, phase: Phase, step: int) -> list:
         stretch = random.Random(base).choice(phase.time_stretch or (1,))
         task = NiahConfig(size=px, frames=frames, fps=NIAH_FPS / stretch)
         return [niah_sample(base + i, task) for i in range(batch)]
+    if phase.task == "lists":
+        from hippo.cli.pair.lists import draw_question, lists_sample
+
+        rng = random.Random(base)
+        stretch = rng.choice(phase.time_stretch or (1,))
+        question = draw_question(rng)
+        task = NiahConfig(size=px, frames=frames, fps=NIAH_FPS / stretch)
+        return [lists_sample(base + i, task, question) for i in range(batch)]
     if phase.task == "narrate":
         task = narration_config(px, frames, max_objects=1 if one else 3, cue_design=phase.cue_design)
         ask = draw_batch_question(random.Random(base))
@@ -353,9 +362,17 @@ def _keep(cfg: TrainConfig, batch, gen: torch.Generator) -> torch.Tensor:  # -> 
 
 
 def run_phase(
-    model, aux: AuxHeads, tokenizer, cfg: TrainConfig, index: int, log=print, workers: int = 0
+    model,
+    aux: AuxHeads,
+    tokenizer,
+    cfg: TrainConfig,
+    index: int,
+    log=print,
+    workers: int = 0,
+    on_step=None,
 ) -> None:
-    """One phase of `cfg`, its batches prepared in `workers` processes (`phase_batches`; 0: here)."""
+    """One phase of `cfg`, its batches prepared in `workers` processes (`phase_batches`; 0: here).
+    `on_step(step)`: called after every optimiser step (e.g. to save a checkpoint now and then)."""
     phase = cfg.phases[index]
     tag = f"[{cfg.role} {phase.name}]"
     visual = model.model.visual
@@ -391,6 +408,8 @@ def run_phase(
                     + (f"attend {m[3]:.3f} (mass {math.exp(-m[3]):.2f}) " if phase.attend_weight else "")
                     + f"lr {lr_at(step, phase, cfg):.2e} {time.perf_counter() - t0:.0f}s"
                 )
+            if on_step is not None:
+                on_step(step)
 
 
 def keep_layers(model, layers: tuple[int, ...]) -> None:
@@ -433,7 +452,7 @@ def train(cfg: TrainConfig, log=print, cache: Path | None = None, workers: int =
             keep_layers(model, cfg.init_layers)
     else:
         model = new_model(cfg.role, seed=cfg.seed, **cfg.overrides).train()
-    niah = any(p.task == "niah" for p in cfg.phases)
+    niah = any(p.task in ("niah", "lists") for p in cfg.phases)
     cues = niah or any(p.task == "narrate" for p in cfg.phases)
     aux = AuxHeads(model.config.text_config.hidden_size, cues=cues, global_labels=("step",) if niah else ())
     log(f"[{cfg.role}] {n_params(model) / 1e6:.3f}M params; {asdict(cfg)}")

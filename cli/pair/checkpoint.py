@@ -82,5 +82,5 @@ def widening(directory: Path) -> dict[str, int]:
     sums = directory / CHECKSUMS
     if sums.is_file():
         w = json.loads(sums.read_text())["widened_target"]
-        return {"k": w["k"], "m": w["m"]}
+        return {name: w[name] for name in ("k", "m", "kv") if name in w}
     return dict(NARRATE_WIDEN)

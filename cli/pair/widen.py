@@ -12,6 +12,11 @@ cheaper. `widen` gives the trained target real extra compute while computing the
   M-RoPE and the softmax scale are unchanged); o_proj reads k copies of every head's output, so
   its columns are divided by `k`. Grouped-query attention maps head b*H+o to key/value head
   b*KV + o//(H/KV), a copy of the original pairing;
+- with `kv` (a model with one key/value head only): the key/value heads are replicated `kv` times
+  instead of `k` (1: not at all), so the query heads share them as in a large model's grouped-query
+  attention (Qwen2.5-72B: 8 query heads per key/value head) and the KV cache stays small against the
+  weights. Every query head of a one-KV-head model reads that head, so any grouping is a copy of
+  the original pairing;
 - MLP: every intermediate neuron is replicated `m` times and down_proj's columns divided by `m`;
 - embeddings and the vision merger's output are replicated; lm_head reads k copies, divided by k.
 
@@ -37,19 +42,41 @@ def _tile(w: torch.Tensor, rows: int, cols: int = 1, divide: int = 1) -> torch.T
     return w / divide if divide != 1 else w
 
 
-def widened_config(config, k: int, m: int):
+def _kv_copies(config, k: int, kv: int | None) -> int:
+    """How many times the key/value heads are replicated: `k` unless `kv` is given (see the module
+    docstring; only a one-KV-head model can keep fewer copies than its query heads get)."""
+    if kv is None or kv == k:
+        return k
+    heads = config.text_config.num_key_value_heads
+    if heads != 1 or kv < 1 or (k * config.text_config.num_attention_heads) % kv:
+        raise ValueError(
+            f"kv={kv}: only a model with one key/value head (this one has {heads}) can replicate them "
+            f"fewer times than its query heads (k={k}), into a number that divides the query heads"
+        )
+    return kv
+
+
+def widened_config(config, k: int, m: int, kv: int | None = None):
+    copies = _kv_copies(config, k, kv)
     cfg = config.__class__.from_dict(config.to_dict())
     t = cfg.text_config
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     t.hidden_size *= k
     t.num_attention_heads *= k
-    t.num_key_value_heads *= k
+    t.num_key_value_heads *= copies
+    if getattr(t, "head_dim", None) is not None:
+        t.head_dim = head_dim
     t.intermediate_size *= m
     cfg.vision_config.out_hidden_size *= k
     return cfg
 
 
-def widen_state(state: dict[str, torch.Tensor], k: int, m: int) -> dict[str, torch.Tensor]:
-    """The widened model's weights from the small one's (keys as in `model.state_dict()`)."""
+def widen_state(
+    state: dict[str, torch.Tensor], k: int, m: int, kv: int | None = None
+) -> dict[str, torch.Tensor]:
+    """The widened model's weights from the small one's (keys as in `model.state_dict()`); `kv`: the
+    key/value heads' copies (default `k`; fewer only for a one-KV-head model: `widened_config`)."""
+    kv = k if kv is None else kv
     out = {}
     for name, w in state.items():
         if ".visual." in name or name.startswith("visual."):
@@ -63,8 +90,10 @@ def widen_state(state: dict[str, torch.Tensor], k: int, m: int) -> dict[str, tor
             out[name] = _tile(w, 1, k, divide=k)
         elif "norm.weight" in name or "layernorm.weight" in name:
             out[name] = _tile(w, k)
-        elif any(p in name for p in ("q_proj", "k_proj", "v_proj")):
+        elif "q_proj" in name:
             out[name] = _tile(w, k, k, divide=k) if w.dim() == 2 else _tile(w, k)
+        elif "k_proj" in name or "v_proj" in name:
+            out[name] = _tile(w, kv, k, divide=k) if w.dim() == 2 else _tile(w, kv)
         elif "o_proj" in name:
             out[name] = _tile(w, k, k, divide=k)
         elif "gate_proj" in name or "up_proj" in name:
@@ -77,11 +106,12 @@ def widen_state(state: dict[str, torch.Tensor], k: int, m: int) -> dict[str, tor
 
 
 @torch.no_grad()
-def widen(model, k: int = 4, m: int = 4) -> Qwen2_5_VLForConditionalGeneration:
+def widen(model, k: int = 4, m: int = 4, kv: int | None = None) -> Qwen2_5_VLForConditionalGeneration:
     """A new model computing the same function as `model`, its residual stream and attention k times
-    wider and its MLP intermediate m times wider (see the module docstring). Deterministic."""
-    cfg = widened_config(model.config, k, m)
-    state = widen_state(model.state_dict(), k, m)
+    wider and its MLP intermediate m times wider (see the module docstring); its key/value heads
+    replicated `kv` times (default `k`). Deterministic."""
+    cfg = widened_config(model.config, k, m, kv)
+    state = widen_state(model.state_dict(), k, m, _kv_copies(model.config, k, kv))
     with torch.random.fork_rng():  # the initial values are all overwritten; leave the caller's RNG alone
         wide = Qwen2_5_VLForConditionalGeneration(cfg)
     wide.load_state_dict(state, strict=True)

@@ -72,3 +72,88 @@ def test_the_rows_run_between_two_runs_of_the_target_alone_in_alternating_order(
     assert second == [table[0], *table[:0:-1], table[0]]
     with pytest.raises(ValueError, match="starts with the target alone"):
         row_order(table[1:], 0)
+
+
+def test_the_projection_scales_table_2_with_n_and_charges_the_measured_rounds() -> None:
+    from hippo.benchmarks.projection import COSTS, PAPER_N, long_costs, long_projection
+
+    n0 = PAPER_N[0]
+    at_n0 = long_costs(n0, 0.1, n0)
+    assert at_n0 == pytest.approx(COSTS)  # Table 2's own N: Table 2's costs
+    small, large = long_costs(2048, 0.1, n0), long_costs(16384, 0.1, n0)
+    for k in COSTS:
+        assert small[k] < at_n0[k] < large[k]
+    # prefill: linear plus a small attention term; a forward: weights dominate, the KV adds a few %
+    assert 2.0 < long_costs(2 * n0, 0.1, n0)["target_prefill"] / COSTS["target_prefill"] < 2.3
+    assert 1.0 < long_costs(2 * n0, 0.1, n0)["target_forward"] / COSTS["target_forward"] < 1.05
+    assert long_costs(n0, 1.0, n0)["draft_prefill"] > at_n0["draft_prefill"]  # an unpruned draft
+
+    tokens = 12
+    alone = long_projection("target_alone", [{"new_tokens": tokens}], 8192, 1.0)
+    assert alone["speedup"] == pytest.approx([1.0, 1.0]) and "projection" in alone["label"]
+    perfect = {"new_tokens": tokens, "rounds": 2, "drafted_per_round": [5, 5], "emitted_per_round": [6, 6]}
+    poor = {**perfect, "rounds": tokens, "drafted_per_round": [5] * tokens, "emitted_per_round": [1] * tokens}
+    for method in ("serial", "hippo"):
+        good, bad = (long_projection(method, [s], 8192, 0.1) for s in (perfect, poor))
+        lo, hi = good["speedup"]
+        assert 1.0 < lo <= hi and bad["speedup"][1] < lo
+        assert good["seconds"][0] <= good["seconds"][1] and good["paper_n0"] == list(PAPER_N)
+    # parallel hides the draft: never slower than serial on the same rounds
+    assert (
+        long_projection("hippo", [poor], 8192, 0.1)["seconds"][0]
+        <= (long_projection("serial", [poor], 8192, 0.1)["seconds"][0])
+    )
+    # a prepared video's four answers share one prefill; HF generate's four cold ones pay four
+    four = long_projection("target_alone", [{"new_tokens": tokens}] * 4, 8192, 1.0)
+    cold = long_projection("hf_generate", [{"new_tokens": tokens}] * 4, 8192, 1.0)
+    assert cold["seconds"][0] > four["seconds"][0] and cold["speedup"][1] < 1.0
+
+
+def test_auto_rows_report_the_keep_ratio_they_used() -> None:
+    from hippo.benchmarks.long import keep_used
+
+    asks = [{"plan": {"keep": {"ratio": r}}} for r in (0.25, 0.1, 0.1, 0.05)]
+    assert keep_used(Row("auto", "holistic", 0.1), asks) == [0.25, 0.1, 0.1, 0.05]
+    assert keep_used(Row("auto", "holistic", 0.1), asks[:1]) == 0.25
+    assert keep_used(Row("auto", "holistic", 0.1), [{"plan": {}}]) == 0.1  # planner off: the selector's
+    assert keep_used(Row("serial", "uniform", 0.1), [{}] * 4) == [0.1] * 4
+    assert keep_used(Row("serial", "full"), [{}]) == 1.0
+    assert keep_used(Row("target_alone"), [{}]) is None
+
+
+@pytest.mark.slow
+def test_the_long_bench_runs_on_tiny_settings_with_four_different_questions(monkeypatch) -> None:
+    """`hippo bench --long`'s run on the committed pair, one short N and a few rows: four different
+    questions per prepared video, every output identical to the target's, `keep_ratio_used` on the
+    `auto` rows and a `projected_e2e` on every row."""
+    from hippo.benchmarks import long
+    from hippo.cli.pair.lists import QUESTIONS
+
+    few = [
+        Row("target_alone"),
+        Row("hf_generate"),
+        Row("serial", "full"),
+        Row("serial", "uniform", 0.1),
+        Row("auto", "holistic", 0.1),
+    ]
+    monkeypatch.setattr(long, "rows", lambda keep_ratios: few)
+    monkeypatch.setattr(long, "claims", lambda *a, **k: {})
+    summary = long.run(
+        sweep=(576,), keep_ratios=(0.1,), max_new_tokens=10, threads=1, quick=True, log=lambda s: None
+    )
+    assert summary["questions"] == list(QUESTIONS) and len(set(summary["questions"])) == 4
+    rows = summary["rows"]
+    assert {(r["method"], r["workload"]) for r in rows} >= {
+        ("auto", "four_questions"),
+        ("serial", "one_question"),
+    }
+    assert all(r["identical"] for r in rows), [
+        (r["method"], r["workload"]) for r in rows if not r["identical"]
+    ]
+    for r in rows:
+        p = r["projected_e2e"]
+        assert "projection" in p["label"] and p["speedup"][0] <= p["speedup"][1]
+        if r["method"] == "auto":
+            used = r["keep_ratio_used"]
+            assert len(used) == 4 if r["workload"] == "four_questions" else isinstance(used, float)
+    assert "Questions of the four-question workload" in long.markdown(summary)

@@ -1,0 +1,100 @@
+"""Train the long-video pair on needle lists (`hippo.cli.pair.lists`): both models from the niah pair.
+
+    python -m hippo.benchmarks.lists_train --role target --steps 600 --out /tmp/lists   # one model
+    python -m hippo.benchmarks.lists_train --role target --resume --out /tmp/lists      # continue
+
+Each model starts from the committed long-video pair's model of its role (`benchmarks/pair_niah/`),
+whose language model already learned to look up the needles of a haystack clip one by one, and
+learns the four questions of `hippo.cli.pair.lists` (one per batch) with the niah recipe's losses:
+cross-entropy on the answer, the auxiliary per-visual-token labels, and the guided-attention loss
+(from answer word i, one head of one layer puts its mass on needle i's tokens). The draft trains on
+the whole video only (pruned inputs taught the niah draft to answer without the needles) and on the
+references, not the target's answers, so that the two models train side by side, one thread each.
+Clips of 168 px and 64-256 frames (1,152-4,608 visual tokens), temporal positions stretched up to 4x
+so that they span the positions of 16k-token clips. The model and its auxiliary heads are saved to
+`<out>/<role>` every `--save-every` steps, so a stopped run can `--resume` (a new cosine cycle).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: E402
+
+from hippo.benchmarks.pair import NIAH_DIR  # noqa: E402
+from hippo.benchmarks.tokenizer import build_tokenizer  # noqa: E402
+from hippo.benchmarks.train import AuxHeads, Phase, TrainConfig, run_phase  # noqa: E402
+from hippo.cli.pair.tokens import set_generation_defaults  # noqa: E402
+
+SIZES = [(168, 64, 4), (168, 128, 2), (168, 96, 3), (168, 192, 1), (168, 64, 4), (168, 256, 1)]
+#: `--small`: half the visual tokens per step (1,152-2,304), for more steps on a busy machine
+SMALL_SIZES = [(168, 64, 2), (168, 96, 1), (168, 64, 2), (168, 128, 1)]
+#: (layer, query head) whose attention the guided loss trains: the niah pair's own
+ATTEND_AT = {"target": (2, 0), "draft": (1, 0)}
+
+
+def config(role: str, steps: int, lr: float, seed: int = 0, small: bool = False) -> TrainConfig:
+    phase = Phase(
+        "lists",
+        steps,
+        SMALL_SIZES if small else SIZES,
+        lr=lr,
+        vision_lr_scale=0.3,
+        task="lists",
+        attend_weight=0.5,
+        time_stretch=(1, 2, 4),
+    )
+    return TrainConfig(role=role, phases=[phase], warmup=10, seed=seed, attend_at=ATTEND_AT[role])
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--role", choices=["target", "draft"], required=True)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--init", type=Path, default=None, help="start from this checkpoint (default: the niah pair's)"
+    )
+    p.add_argument("--resume", action="store_true", help="start from <out>/<role> and its auxiliary heads")
+    p.add_argument("--save-every", type=int, default=25)
+    p.add_argument("--small", action="store_true", help="`SMALL_SIZES`: shorter clips, smaller batches")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    out = args.out / args.role
+    init = out if args.resume else (args.init or NIAH_DIR / args.role)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(init, dtype=torch.float32).train()
+    set_generation_defaults(model)
+    tokenizer = build_tokenizer()
+    aux = AuxHeads(model.config.text_config.hidden_size, cues=True, global_labels=("step",))
+    if args.resume and (out / "aux.pt").is_file():
+        aux.load_state_dict(torch.load(out / "aux.pt"))
+    cfg = config(args.role, args.steps, args.lr, args.seed, args.small)
+    print(f"[{args.role}] from {init}; {cfg}", flush=True)
+
+    def save(step: int) -> None:
+        if (step + 1) % args.save_every and step + 1 != args.steps:
+            return
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        torch.save(aux.state_dict(), out / "aux.pt")
+        print(f"[{args.role}] saved step {step + 1} -> {out}", flush=True)
+
+    t0 = time.perf_counter()
+    run_phase(model, aux, tokenizer, cfg, 0, log=lambda s: print(s, flush=True), on_step=save)
+    model.eval()
+    print(f"[{args.role}] trained {args.steps} steps in {time.perf_counter() - t0:.0f}s -> {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
