@@ -109,7 +109,9 @@ def test_explicit_runs_below_the_stated_power_are_refused():
         ran.append(seed)
         return run(seed)
 
-    with pytest.raises(VacuousCheck, match=r"runs=20 seeds .* power 0\.642 only, not 0\.95.*raise runs to 59"):
+    with pytest.raises(
+        VacuousCheck, match=r"runs=20 seeds .* power 0\.642 only, not 0\.95.*raise runs to 59"
+    ):
         assert_same_draws(counted, counted, what="-", case="fake", runs=20)
     assert ran == []  # refused before sampling
     smoke = assert_same_draws(run, run, what="-", case="fake", runs=20, require_power=False)
