@@ -133,14 +133,18 @@ def sampling_plan(kind: str, name: str) -> list[str]:
 
 
 def _sampling_check(which: str, kind: str, name: str, build: Any, adapter: str, seed: int) -> Any:
+    """One stage of `sampling_plan` on `adapter`, at its law case's temperature (`calibration.law_case`:
+    the stage's stock one where checkable on that backbone, else the calibrated one)."""
+    from hippo.testing.calibration import law_case
     from hippo.testing.sampling import TREE_SETTINGS, assert_sampling_exact, second_turn_check
 
+    t = law_case(adapter, which)["temperature"]
     if which == "token trees":
-        return assert_sampling_exact(build, adapter=adapter, seed=seed, **TREE_SETTINGS)
+        return assert_sampling_exact(build, adapter=adapter, seed=seed, **{**TREE_SETTINGS, "temperature": t})
     if which == "conversation turn 2":
         part = {"schedulers": "scheduler", "drafters": "drafter", "verifiers": "verifier"}[kind]
-        return second_turn_check(seed=seed, adapter=adapter, **{part: name})
-    return assert_sampling_exact(build, adapter=adapter, seed=seed)
+        return second_turn_check(seed=seed, adapter=adapter, temperature=t, **{part: name})
+    return assert_sampling_exact(build, adapter=adapter, seed=seed, temperature=t)
 
 
 #: what each law check of `sampling_plan` is, in `hippo check`'s output
