@@ -140,25 +140,6 @@ def test_the_default_case_is_calibrated_where_the_stock_law_is_not_checkable(ada
     print(adapter, cal.summary())
 
 
-@pytest.mark.matrix
-@pytest.mark.parametrize("adapter", [*BUILT_IN, THIRD_PARTY])
-def test_every_stage_of_every_backbone_is_checkable(adapter, request):
-    """Each stage of `hippo check --sampling` on each backbone: the calibrated law, enumerated exactly
-    at its temperature, holds at most 0.9 on one sequence and reaches power 0.95 within 3,000 runs."""
-    adapter = _adapter(adapter, request)
-    for stage in hc.STAGES:
-        case = hc.law_case(adapter, stage)
-        t = case["temperature"]
-        if stage == "conversation turn 2":
-            law = hs.second_turn_law(adapter, t)
-        else:
-            law = hs.target_law(hs.sampling_case(adapter), t, case["top_k"])
-        check = hs.LawCheck.plan(law)
-        res = check.result
-        print(f"{adapter} {stage}: {case['calibration'].summary()}")
-        assert res.mode <= hs.MAX_MODE and res.power >= pw.POWER and check.runs <= 3000, (stage, res)
-
-
 # ---- hippo check --sampling on every backbone: a greedy collapse fails, its honest twin passes ---------
 
 
@@ -176,6 +157,10 @@ def _check(name: str, adapter: str, capsys) -> tuple[int, str]:
 @pytest.mark.matrix
 @pytest.mark.parametrize("adapter", [*BUILT_IN, THIRD_PARTY])
 def test_hippo_check_sampling_on_every_backbone(adapter, request, capsys):
+    """Exit 1 on the collapsed verifier, caught at the first look of its first stage; exit 0 on its
+    honest twin, whose three stages (the conversation's turn 2 included) each ran at full power on a
+    law with at most 0.9 on one sequence (each stage's law is enumerated exactly at its calibrated
+    temperature and planned by `LawCheck.plan`)."""
     adapter = _adapter(adapter, request)
     rc, out = _check("planted_greedy_collapse", adapter, capsys)
     assert rc == 1 and "greedy: lossless" in out and "sampling check FAILED" in out, out
