@@ -14,6 +14,7 @@ node), and the checkable temperature with the fewest runs is kept; the stock tem
 when it is checkable, so a backbone whose stock law works keeps it. `law_case(adapter, stage)` is the
 settings of one stage of `hippo check --sampling` on an adapter, a third party's too; the law check
 then enumerates the law at that temperature exactly and plans its runs on it (`LawCheck.plan`).
+`python -m hippo.testing.calibration` prints every installed adapter's law cases (docs/law-checks.md).
 Notation: p = target, T = temperature, N = a check's runs, k = top_k.
 """
 
@@ -229,3 +230,30 @@ def law_case(adapter: str | None = None, stage: str = "default", **bounds: Any) 
 
 
 __all__ = ["Calibration", "STAGES", "calibrate", "checkable", "law_at", "law_case", "score_tree"]
+
+
+def table() -> None:  # pragma: no cover - a report
+    """Print each registered adapter's law case for every stage, with its law's figures."""
+    from hippo.testing import sampling as hs
+    from hippo.testing.models import tiny_adapters
+
+    print(f"{'adapter':<22} {'stage':<20} {'T':>22} {'P(mode)':>7} {'N':>5} {'power':>6}")
+    for adapter in tiny_adapters():
+        for stage in STAGES:
+            case = law_case(adapter, stage)
+            t = case["temperature"]
+            if stage == "conversation turn 2":
+                law = hs.second_turn_law(adapter, t)
+            else:
+                law = hs.target_law(hs.sampling_case(adapter), t, case["top_k"])
+            check = hs.LawCheck.plan(law)
+            how = "" if case["calibration"].stock else " (calibrated)"
+            print(
+                f"{adapter:<22} {stage:<20} {f'{t:.4g}{how}':>22} {check.result.mode:>7.3f} {check.runs:>5} "
+                f"{check.result.power:>6.3f}"
+            )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    torch.set_num_threads(1)
+    table()

@@ -11,7 +11,9 @@ part in, in order, the first that fails stopping the check: token trees with sib
 (TREE_SETTINGS) for tree parts (a verifier of token trees, one with `Verifier.trees`, is given the
 tree drafter); the default case (`assert_sampling_exact`, serial chain drafting) for every part; and
 a conversation's later turn (SECOND_TURN: a cached context, γ = 3, the serial schedule, or the part
-as the scheduler) for schedulers, drafters and verifiers.
+as the scheduler) for schedulers, drafters and verifiers. Each runs at its law case's temperature on
+the adapter (`calibration.law_case`): the stage's stock one where its law is checkable on that
+backbone's tiny target, else the checkable one with the fewest runs, computed from the target's logits.
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ replaced by q's second choice (`corrupt`), so rounds accept the first token and 
 second (residual draws), and sometimes accept both (bonus draws). It also fails with `VacuousCheck`
 when no drafting was accepted in part (`require_partial`): some of its tokens accepted and some not,
 in one round or across the chunks `pearl` and `hippo` verify it in (`reference.partial_drafts`).
-`LawCheck` is the check itself, for tests that sample another way.
+`LawCheck` is the check itself, for tests that sample another way. The stock temperatures are
+checkable on Qwen2.5-VL's tiny target; on another backbone `temperature=None` (the default) runs at the
+adapter's calibrated one (`hippo.testing.calibration`).
 Notation: p = target, q = draft, γ = draft length, V = vocabulary size, m = new tokens.
 """
 
