@@ -11,8 +11,8 @@ hooks (`hippo_register_adapters`, `hippo_resolve_adapter`) with its own tiny mod
 The proof on every backbone: a verifier that decodes greedily under a sampling flag
 (`planted_greedy_collapse`) fails `hippo check --sampling --adapter X` (exit 1), and its honest twin,
 the stock tree verifier it overrides, passes every stage of its plan (token trees, the default case,
-a conversation's turn 2) at full power (exit 0). Those runs (about 6,000 each) carry the `matrix`
-mark; the calibration itself runs in the default suite.
+a conversation's turn 2) at full power (exit 0); on the third party's backbone, the default case. Those
+runs (about 6,500 each) carry the `matrix` mark; the calibration itself runs in the default tier.
 """
 
 from __future__ import annotations
@@ -84,10 +84,6 @@ def third_party():
         pm.unregister(plugin=plugin)
 
 
-def _adapter(name: str, request) -> str:
-    return request.getfixturevalue("third_party") if name == THIRD_PARTY else name
-
-
 # ---- the calibration ---------------------------------------------------------------------------------
 
 
@@ -143,34 +139,51 @@ def test_the_default_case_is_calibrated_where_the_stock_law_is_not_checkable(ada
 # ---- hippo check --sampling on every backbone: a greedy collapse fails, its honest twin passes ---------
 
 
-def _check(name: str, adapter: str, capsys) -> tuple[int, str]:
+def _check(name: str, adapter: str, capsys, *laws: str) -> tuple[int, str]:
+    args = ["check", name, "--kind", "verifier", "--sampling", "--examples", "1", "--adapter", adapter]
     with planted_plugin():
-        rc = main(
-            ["check", name, "--kind", "verifier", "--sampling", "--examples", "2", "--adapter", adapter]
-            + ["--no-shrink"]
-        )
+        rc = main([*args, "--no-shrink", *(a for law in laws for a in ("--law", law))])
     out = capsys.readouterr().out
     print(out)
     return rc, out
 
 
+def _stages(out: str) -> list[tuple[str, float, float]]:
+    """(stage, mode, power) of each law stage `hippo check` passed."""
+    found = re.findall(
+        r"^sampling, (.*): exact law, \d+ runs, .*\(mode ([\d.]+)\).* power ([\d.]+) at", out, re.M
+    )
+    return [(stage, float(mode), float(power)) for stage, mode, power in found]
+
+
 @pytest.mark.matrix
-@pytest.mark.parametrize("adapter", [*BUILT_IN, THIRD_PARTY])
-def test_hippo_check_sampling_on_every_backbone(adapter, request, capsys):
+@pytest.mark.parametrize("adapter", BUILT_IN)
+def test_hippo_check_sampling_on_every_backbone(adapter, capsys):
     """Exit 1 on the collapsed verifier, caught at the first look of its first stage; exit 0 on its
-    honest twin, whose three stages (the conversation's turn 2 included) each ran at full power on a
-    law with at most 0.9 on one sequence (each stage's law is enumerated exactly at its calibrated
-    temperature and planned by `LawCheck.plan`)."""
-    adapter = _adapter(adapter, request)
+    honest twin, the stock tree verifier, whose three stages (the conversation's turn 2 included) each
+    ran at full power on a law with at most 0.9 on one sequence (each stage's law is enumerated
+    exactly at its calibrated temperature and planned by `LawCheck.plan`)."""
     rc, out = _check("planted_greedy_collapse", adapter, capsys)
     assert rc == 1 and "greedy: lossless" in out and "sampling check FAILED" in out, out
     # caught at the first stage of its plan, at its first look (about N/10 runs)
     assert "the law check on token trees with siblings tested FAILED" in out, out
+    assert re.search(r"law is off after \d+ runs", out), out
     rc, out = _check("tree", adapter, capsys)
     assert rc == 0, out
-    stages = re.findall(
-        r"^sampling, (.*): exact law, \d+ runs, .*\(mode ([\d.]+)\).* power ([\d.]+) at", out, re.M
-    )
+    stages = _stages(out)
     assert len(stages) == 3, out  # token trees, the default case, a conversation's turn 2
-    for _, mode, power in stages:
-        assert float(mode) <= hs.MAX_MODE and float(power) >= pw.POWER, out
+    assert all(mode <= hs.MAX_MODE and power >= pw.POWER for _, mode, power in stages), out
+
+
+@pytest.mark.matrix
+def test_hippo_check_sampling_on_a_third_party_backbone(third_party, capsys):
+    """The same on the third party's backbone (registered through the plugin hooks): every stage's
+    law case is checkable; the collapse fails, its honest twin passes the default case (the other
+    stages' pipelines are the built-in backbones', above)."""
+    for stage in hc.STAGES:
+        cal = hc.law_case(third_party, stage)["calibration"]
+        assert cal.mode <= hs.MAX_MODE and cal.power >= pw.POWER and cal.runs <= 3000, (stage, cal)
+    rc, out = _check("planted_greedy_collapse", third_party, capsys)
+    assert rc == 1 and "the law check on token trees with siblings tested FAILED" in out, out
+    rc, out = _check("tree", third_party, capsys, "default")
+    assert rc == 0 and len(_stages(out)) == 1, out
