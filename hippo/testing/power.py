@@ -46,8 +46,9 @@ SUITE_ALPHA = 1e-3
 #: Law checks of exact pipelines in one CI run (both tiers: `.ci/run`), counted with room to spare: the
 #: 11 configurations of tests/lossless/test_sampling.py, the installed honest twin of
 #: tests/test_testing.py (`hippo check fixed_chain --sampling --law default`: 1 check), the planner's
-#: switching x 2, and `hippo check tree --sampling` on each of 5 backbones (tests/lossless/
-#: test_law_cases.py: token trees, the default case, a conversation's turn 2: 15): 29. The coupled
+#: switching x 2, and `hippo check tree --sampling` on the 4 built-in backbones (tests/lossless/
+#: test_law_cases.py: token trees, the default case, a conversation's turn 2: 12) and on a third
+#: party's (the default case: 1): 27. The coupled
 #: checks (`hippo.testing.coupled`) cannot raise a false alarm, and the planted-bug matrix
 #: (tests/lossless/test_matrix.py) runs broken pipelines: a rejection there is the expected outcome.
 SUITE_CHECKS = 40
