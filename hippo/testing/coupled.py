@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from hippo.errors import ConfigError
 from hippo.testing import power as pw
 from hippo.testing.reference import partial_drafts
 from hippo.testing.report import LosslessViolation, Report, VacuousCheck
@@ -68,14 +69,25 @@ def assert_same_draws(
     epsilon: float = pw.EPSILON,
     power: float = pw.POWER,
     require_partial: bool = True,
+    require_power: bool = True,
 ) -> CoupledResult:
     """Run `path` and `reference` on seeds seed, seed+1, ... (`runs`, default `coupled_runs`) and
     compare their new tokens. `LosslessViolation` at the first seed where they differ (`what` names
-    the promise, e.g. "a batch row draws what batch 1 draws"); `VacuousCheck` when the reference drew
-    one sequence on every seed (nothing was sampled) or, with `require_partial`, when no drafting of
-    the path was accepted in part."""
+    the promise, e.g. "a batch row draws what batch 1 draws"); `VacuousCheck` before any seed when an
+    explicit `runs` detects a TV `epsilon` error with less than `power` (as `LawCheck.plan`;
+    `require_power=False`: a smoke run, its power only reported), when the reference drew one
+    sequence on every seed (nothing was sampled) or, with `require_partial`, when no drafting of the
+    path was accepted in part."""
+    if not 0 < epsilon < 1 or not 0 < power < 1:
+        raise ConfigError(f"epsilon and power must be in (0, 1), got {epsilon}, {power}")
     n = coupled_runs(epsilon, power) if runs is None else runs
     res = CoupledResult(planned=n, power=1.0 - (1.0 - epsilon) ** n, epsilon=epsilon)
+    if res.power < power and require_power:
+        raise VacuousCheck(
+            f"runs={n} seeds detect a path at TV {epsilon:g} from its reference with power {res.power:.3f} "
+            f"only, not {power:g} ({case}): raise runs to {coupled_runs(epsilon, power)} or more (or leave "
+            "runs=None, the check picks it), or pass require_power=False for a smoke run"
+        )
     seen: set[tuple[int, ...]] = set()
     for s in range(seed, seed + n):
         want, _ = reference(s)

@@ -16,9 +16,9 @@ cell caught at which look or seed (or why not exercised), is printed by
     python -m hippo.testing.matrix [PATH ...]
 
 (it runs every cell: about 8 minutes on two cores). tests/lossless/test_matrix.py runs the cells that
-are exercised: in the default suite the greedy-collapse column on every path and every cell of the
-coupled paths but the compiled target (which recompiles for each planted part), the rest under
-`python -m pytest -m matrix`.
+are exercised, each asserted caught: in CI's default tier the greedy-collapse column on every path and
+every cell of the coupled paths but the compiled target (which recompiles for each planted part), the
+rest in its matrix tier (`.ci/run`: `python -m pytest -m matrix`).
 Notation: p = target, q = draft, N = a check's runs.
 """
 

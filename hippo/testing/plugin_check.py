@@ -11,7 +11,9 @@ part in, in order, the first that fails stopping the check: token trees with sib
 (TREE_SETTINGS) for tree parts (a verifier of token trees, one with `Verifier.trees`, is given the
 tree drafter); the default case (`assert_sampling_exact`, serial chain drafting) for every part; and
 a conversation's later turn (SECOND_TURN: a cached context, γ = 3, the serial schedule, or the part
-as the scheduler) for schedulers, drafters and verifiers.
+as the scheduler) for schedulers, drafters and verifiers. Each runs at its law case's temperature on
+the adapter (`calibration.law_case`): the stage's stock one where its law is checkable on that
+backbone's tiny target, else the checkable one with the fewest runs, computed from the target's logits.
 """
 
 from __future__ import annotations
@@ -133,14 +135,18 @@ def sampling_plan(kind: str, name: str) -> list[str]:
 
 
 def _sampling_check(which: str, kind: str, name: str, build: Any, adapter: str, seed: int) -> Any:
+    """One stage of `sampling_plan` on `adapter`, at its law case's temperature (`calibration.law_case`:
+    the stage's stock one where checkable on that backbone, else the calibrated one)."""
+    from hippo.testing.calibration import law_case
     from hippo.testing.sampling import TREE_SETTINGS, assert_sampling_exact, second_turn_check
 
+    t = law_case(adapter, which)["temperature"]
     if which == "token trees":
-        return assert_sampling_exact(build, adapter=adapter, seed=seed, **TREE_SETTINGS)
+        return assert_sampling_exact(build, adapter=adapter, seed=seed, **{**TREE_SETTINGS, "temperature": t})
     if which == "conversation turn 2":
         part = {"schedulers": "scheduler", "drafters": "drafter", "verifiers": "verifier"}[kind]
-        return second_turn_check(seed=seed, adapter=adapter, **{part: name})
-    return assert_sampling_exact(build, adapter=adapter, seed=seed)
+        return second_turn_check(seed=seed, adapter=adapter, temperature=t, **{part: name})
+    return assert_sampling_exact(build, adapter=adapter, seed=seed, temperature=t)
 
 
 #: what each law check of `sampling_plan` is, in `hippo check`'s output

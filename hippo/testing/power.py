@@ -43,14 +43,16 @@ import torch
 
 #: False-alarm rate of the whole suite per CI run, split evenly (Bonferroni) over its law checks.
 SUITE_ALPHA = 1e-3
-#: Law checks of exact pipelines in one suite run with `-m matrix` included, counted with room to
-#: spare: the 11 configurations of tests/lossless/test_sampling.py, the installed honest twin of
-#: tests/test_testing.py (`hippo check fixed_chain --sampling`: 2 checks) and the planner's switching
-#: x 2: 15. The coupled checks (`hippo.testing.coupled`) cannot raise a false alarm, and the
-#: planted-bug matrix (tests/lossless/test_matrix.py) runs broken pipelines: a rejection there is the
-#: expected outcome.
-SUITE_CHECKS = 25
-ALPHA = SUITE_ALPHA / SUITE_CHECKS  # 4e-5 per check
+#: Law checks of exact pipelines in one CI run (both tiers: `.ci/run`), counted with room to spare: the
+#: 11 configurations of tests/lossless/test_sampling.py, the installed honest twin of
+#: tests/test_testing.py (`hippo check fixed_chain --sampling --law default`: 1 check), the planner's
+#: switching x 2, and `hippo check tree --sampling` on the 4 built-in backbones (tests/lossless/
+#: test_law_cases.py: token trees, the default case, a conversation's turn 2: 12) and on a third
+#: party's (the default case: 1): 27. The coupled
+#: checks (`hippo.testing.coupled`) cannot raise a false alarm, and the planted-bug matrix
+#: (tests/lossless/test_matrix.py) runs broken pipelines: a rejection there is the expected outcome.
+SUITE_CHECKS = 40
+ALPHA = SUITE_ALPHA / SUITE_CHECKS  # 2.5e-5 per check
 EPSILON = 0.05  # the total-variation error every check must detect ...
 POWER = 0.95  # ... with at least this probability
 CELL_MIN = 0.002  # sequences less likely than this share one cell

@@ -22,7 +22,9 @@ replaced by q's second choice (`corrupt`), so rounds accept the first token and 
 second (residual draws), and sometimes accept both (bonus draws). It also fails with `VacuousCheck`
 when no drafting was accepted in part (`require_partial`): some of its tokens accepted and some not,
 in one round or across the chunks `pearl` and `hippo` verify it in (`reference.partial_drafts`).
-`LawCheck` is the check itself, for tests that sample another way.
+`LawCheck` is the check itself, for tests that sample another way. The stock temperatures are
+checkable on Qwen2.5-VL's tiny target; on another backbone `temperature=None` (the default) runs at the
+adapter's calibrated one (`hippo.testing.calibration`).
 Notation: p = target, q = draft, γ = draft length, V = vocabulary size, m = new tokens.
 """
 
@@ -38,7 +40,7 @@ from hippo.testing import power as pw
 from hippo.testing.case import DRAFTING_PAYS, Case
 from hippo.testing.drafters import corrupting_plugin
 from hippo.testing.greedy import make_pipeline, part_names
-from hippo.testing.models import Prompt, eos_ids, pixel_unit, text_ids, tiny, tiny_adapters
+from hippo.testing.models import Prompt, eos_ids, pixel_unit, special_ids, text_ids, tiny, tiny_adapters
 from hippo.testing.prefill import shared_prefill
 from hippo.testing.reference import exact_law, partial_drafts, reference, warpers
 from hippo.testing.report import LosslessViolation, Report, VacuousCheck
@@ -192,6 +194,43 @@ def target_law(
     return _LAWS[key]
 
 
+def _law_key(case: Case, top_k: int | None, top_p: float | None, repetition_penalty: float | None) -> tuple:
+    return (
+        case.adapter,
+        case.target_seed,
+        case.grid,
+        case.before,
+        case.after,
+        case.video_seed,
+        case.max_new_tokens,
+        top_k,
+        top_p,
+        repetition_penalty,
+    )
+
+
+def case_calibration(
+    case: Case,
+    stock: float = DEFAULTS["temperature"],
+    top_k: int | None = DEFAULTS["top_k"],
+    top_p: float | None = None,
+    repetition_penalty: float | None = None,
+    **bounds: Any,
+) -> Any:
+    """The case's calibrated temperature (`hippo.testing.calibration`): `stock` when the target's law
+    there is checkable, else the checkable one with the fewest runs (cached per process). `bounds`:
+    max_runs, max_mode, alpha, epsilon, power. Returns a `calibration.Calibration`."""
+    from hippo.testing.calibration import calibrated, score_tree
+
+    def tree() -> Any:
+        return score_tree(case.target, case.inputs, case.max_new_tokens, top_k, repetition_penalty)
+
+    what = f"the law on {case.adapter}'s tiny target"
+    return calibrated(
+        _law_key(case, top_k, top_p, repetition_penalty), tree, stock, top_k, top_p, what, **bounds
+    )
+
+
 def assert_sampling_exact(
     build: Callable[[Case], Any],
     *,
@@ -200,7 +239,7 @@ def assert_sampling_exact(
     gamma: int = DEFAULTS["gamma"],
     keep_ratio: float = DEFAULTS["keep_ratio"],
     corrupt: tuple[bool, ...] | None = DEFAULTS["corrupt"],
-    temperature: float = DEFAULTS["temperature"],
+    temperature: float | None = None,
     top_k: int | None = DEFAULTS["top_k"],
     top_p: float | None = DEFAULTS["top_p"],
     repetition_penalty: float | None = DEFAULTS["repetition_penalty"],
@@ -224,7 +263,8 @@ def assert_sampling_exact(
     (`draft="self"`) or with its tiny draft ("draft"), γ, keep ratio, draft positions replaced by
     q's second choice (`corrupt`) and the executor of a parallel schedule. Runs use seeds seed,
     seed+1, ... with do_sample=True and the given temperature, top_k, top_p, repetition_penalty and
-    new_tokens. `runs=None` picks N for `power` against a total-variation error `epsilon` at level
+    new_tokens; `temperature=None` is the adapter's calibrated one (`case_calibration`: DEFAULTS'
+    T = 0.01 where its law is checkable, as on Qwen2.5-VL, else the checkable T with the fewest runs). `runs=None` picks N for `power` against a total-variation error `epsilon` at level
     `alpha`; an explicit `runs` must reach that power too (`VacuousCheck` otherwise), unless
     `require_power=False` (a smoke run: its power is only reported). The target's law must give its
     likeliest sequence at most `max_mode` (`MAX_MODE`: a greedy collapse is then visible). `delta` is
@@ -249,6 +289,16 @@ def assert_sampling_exact(
         corrupt=corrupt,
         executor=executor,
     )
+    if temperature is None:
+        bounds = {
+            "max_runs": max_runs,
+            "max_mode": max_mode,
+            "alpha": alpha,
+            "epsilon": epsilon,
+            "power": power,
+        }
+        stock = DEFAULTS["temperature"]
+        temperature = case_calibration(case, stock, top_k, top_p, repetition_penalty, **bounds).temperature
     law = target_law(case, temperature, top_k, top_p, repetition_penalty)
     settings = (
         f"temperature={temperature:g}, top_k={top_k}, top_p={top_p}, repetition_penalty={repetition_penalty}"
@@ -662,23 +712,55 @@ SWITCHING: dict[str, Any] = {"temperature": 0.01, "top_k": 2}
 
 
 def second_turn_prompts(adapter: str | None = None) -> tuple[Case, list[int], Prompt]:
-    """(the case, whose prompt is turn 1; turn 1's greedy answer by `target.generate`; the whole
-    turn-2 prompt: the case's, the answer, question 2)."""
+    """(the case, whose prompt is turn 1; turn 1's greedy answer by `target.generate`, cut before its
+    first special id: a placeholder cannot be re-fed as text, as LLaVA-OneVision's tiny target would
+    answer; the whole turn-2 prompt: the case's, the answer, question 2)."""
     case = sampling_case(adapter)
     first, target = case.prompt, case.target
     ref = reference(target, first.inputs, do_sample=False, max_new_tokens=SECOND_TURN["answer"])
-    answer = ref[0, first.length :].tolist()
+    answer, special = ref[0, first.length :].tolist(), special_ids(target)
+    answer = answer[: next((i for i, t in enumerate(answer) if t in special), len(answer))]
+    if not answer:
+        raise ConfigError(
+            f"turn 1's greedy answer on {case.adapter}'s tiny target starts with a special id: the "
+            "conversation law check has no text answer to re-feed"
+        )
     lo, hi = SECOND_TURN["question"]
     after = (*case.after, *answer, *text_ids(target)[lo:hi])
     return case, answer, Prompt(case.adapter, target, case.grid, case.video_seed, case.before, after)
 
 
-def second_turn_law(adapter: str | None = None) -> dict[tuple[int, ...], float]:
-    """The target's exact law of turn 2's first tokens under SECOND_TURN's settings (cached)."""
+def second_turn_calibration(adapter: str | None = None, **bounds: Any) -> Any:
+    """Turn 2's calibrated temperature on `adapter` (`hippo.testing.calibration`: SECOND_TURN's where
+    its law is checkable, else the checkable one with the fewest runs; cached per process)."""
+    from hippo.testing.calibration import calibrated, score_tree
+
     case, _, second = second_turn_prompts(adapter)
-    key = ("second turn", case.adapter, *sorted(SECOND_TURN.items()))
+    key = (
+        "second turn",
+        case.adapter,
+        SECOND_TURN["answer"],
+        SECOND_TURN["question"],
+        SECOND_TURN["new_tokens"],
+    )
+
+    def tree() -> Any:
+        return score_tree(case.target, second.inputs, SECOND_TURN["new_tokens"], SECOND_TURN["top_k"])
+
+    what = f"a conversation's turn 2 on {case.adapter}'s tiny target"
+    return calibrated(key, tree, SECOND_TURN["temperature"], SECOND_TURN["top_k"], None, what, **bounds)
+
+
+def second_turn_law(
+    adapter: str | None = None, temperature: float | None = None
+) -> dict[tuple[int, ...], float]:
+    """The target's exact law of turn 2's first tokens under SECOND_TURN's settings (cached), at
+    `temperature` (None: SECOND_TURN's)."""
+    case, _, second = second_turn_prompts(adapter)
+    t = SECOND_TURN["temperature"] if temperature is None else temperature
+    key = ("second turn", case.adapter, *sorted({**SECOND_TURN, "temperature": t}.items()))
     if key not in _LAWS:
-        proc = warpers(SECOND_TURN["temperature"], SECOND_TURN["top_k"])
+        proc = warpers(t, SECOND_TURN["top_k"])
         _LAWS[key] = exact_law(
             case.target,
             second.inputs,
@@ -690,15 +772,18 @@ def second_turn_law(adapter: str | None = None) -> dict[tuple[int, ...], float]:
     return _LAWS[key]
 
 
-def _second_turn_setup(adapter: str | None) -> tuple[Case, list[int], Prompt, Any, dict[str, Any]]:
+def _second_turn_setup(
+    adapter: str | None, temperature: float | None = None
+) -> tuple[Case, list[int], Prompt, Any, dict[str, Any]]:
     """(the case, turn 1's answer, the whole turn-2 prompt: `second_turn_prompts`; question 2's tokens
-    [n]; turn 2's `generate` settings)."""
+    [n]; turn 2's `generate` settings, at `temperature`, None: SECOND_TURN's)."""
     import torch
 
     case, answer, second = second_turn_prompts(adapter)
     lo, hi = SECOND_TURN["question"]
     question = torch.tensor(text_ids(case.target)[lo:hi])
-    gen = generation(SECOND_TURN["temperature"], SECOND_TURN["top_k"], None, None, SECOND_TURN["new_tokens"])
+    t = SECOND_TURN["temperature"] if temperature is None else temperature
+    gen = generation(t, SECOND_TURN["top_k"], None, None, SECOND_TURN["new_tokens"])
     return case, answer, second, question, gen
 
 
@@ -730,9 +815,7 @@ def _second_turn_conversation(pipe: Any, case: Case, answer: list[int], result: 
     first = case.prompt
     ctx = pipe.prepare(first.inputs)
     conv = pipe.conversation(ctx)
-    a1 = conv.ask(
-        first.inputs["input_ids"][0, ctx.length :], max_new_tokens=SECOND_TURN["answer"], do_sample=False
-    )
+    a1 = conv.ask(first.inputs["input_ids"][0, ctx.length :], max_new_tokens=len(answer), do_sample=False)
     got = new_tokens(a1.sequences, first.length)
     if got != answer:
         report = Report(
@@ -769,20 +852,27 @@ def second_turn_check(
     seed: int = 0,
     adapter: str | None = None,
     scheduler: str | None = None,
+    temperature: float | None = None,
 ) -> SamplingResult:
     """The law check of a conversation's second turn (SECOND_TURN): turn 1 answered greedily from a
     cached context (it must be `target.generate`'s answer), then turn 2 sampled N times from the same
     context (seeds seed, seed+1, ...), with `verifier`, `drafter` or `scheduler` in place of the stock
     ones (SECOND_TURN's). The target drafts for itself from half the video, each drafting's second
     token replaced by q's second choice. Raises `LosslessViolation` (with the result) when the law is
-    off, `VacuousCheck` when no drafting was accepted in part. `hippo check --sampling` runs it on a
-    part; the suite's conversation path is `second_turn_coupled`."""
+    off, `VacuousCheck` when no drafting was accepted in part. `temperature=None` is the adapter's
+    calibrated one (`second_turn_calibration`: SECOND_TURN's where checkable, as on Qwen2.5-VL).
+    `hippo check --sampling` runs it on a part; the suite's conversation path is `second_turn_coupled`."""
     from hippo.testing.drafters import corrupting_plugin
 
-    case, answer, second, question, gen = _second_turn_setup(adapter)
-    check = LawCheck.plan(second_turn_law(adapter), settings="SECOND_TURN")
+    if temperature is None:
+        temperature = second_turn_calibration(adapter).temperature
+    case, answer, second, question, gen = _second_turn_setup(adapter, temperature)
+    check = LawCheck.plan(second_turn_law(adapter, temperature), settings=f"SECOND_TURN, T={temperature:g}")
     res = check.result
-    reproduce = f"second_turn_check({verifier!r}, {drafter!r}, seed={seed}, scheduler={scheduler!r})"
+    reproduce = (
+        f"second_turn_check({verifier!r}, {drafter!r}, seed={seed}, adapter={case.adapter!r}, "
+        f"scheduler={scheduler!r}, temperature={temperature!r})"
+    )
     with corrupting_plugin() as corrupting:
         pipe = _second_turn_pipeline(case, corrupting, verifier, drafter, scheduler)
         try:
@@ -796,7 +886,7 @@ def second_turn_check(
                     report = Report(
                         check="sampling",
                         summary=f"turn 2, seeds {seed}..{seed + i}: {failure}",
-                        case=f"{case.short()}, turn 2 of a conversation, {SECOND_TURN}",
+                        case=f"{case.short()}, turn 2 of a conversation, {SECOND_TURN}, T={temperature:g}",
                         parts=part_names(pipe),
                         reproduce=reproduce,
                         details=check.details(),
@@ -864,11 +954,13 @@ __all__ = [
     "LawCheck",
     "SamplingResult",
     "assert_sampling_exact",
+    "case_calibration",
     "config_build",
     "config_check",
     "config_law",
     "default_adapter",
     "sampling_case",
+    "second_turn_calibration",
     "second_turn_check",
     "second_turn_coupled",
     "coupled_config_check",

@@ -97,3 +97,25 @@ def test_a_path_that_never_drafts_in_part_is_vacuous():
     with pytest.raises(VacuousCheck, match="accepted in part"):
         assert_same_draws(undrafted, run, what="-", case="fake")
     assert assert_same_draws(undrafted, run, what="-", case="fake", require_partial=False).runs == 59
+
+
+def test_explicit_runs_below_the_stated_power_are_refused():
+    """Power is enforced as the law check enforces it (`LawCheck.plan`): 20 seeds detect a 5% error
+    with power 0.64 only, so the check refuses before any seed is run and names what to raise, unless
+    the caller asks for a smoke run; 59 seeds or more pass."""
+    ran = []
+
+    def counted(seed: int) -> tuple[list[int], Stats]:
+        ran.append(seed)
+        return run(seed)
+
+    with pytest.raises(
+        VacuousCheck, match=r"runs=20 seeds .* power 0\.642 only, not 0\.95.*raise runs to 59"
+    ):
+        assert_same_draws(counted, counted, what="-", case="fake", runs=20)
+    assert ran == []  # refused before sampling
+    smoke = assert_same_draws(run, run, what="-", case="fake", runs=20, require_power=False)
+    assert smoke.runs == 20 and smoke.power < 0.95
+    assert assert_same_draws(run, run, what="-", case="fake", runs=80).power >= 0.95
+    with pytest.raises(VacuousCheck, match="runs=59 seeds .* not 0.99"):
+        assert_same_draws(run, run, what="-", case="fake", runs=59, power=0.99)

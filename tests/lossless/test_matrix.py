@@ -1,11 +1,12 @@
 """The planted sampling bugs × the paths with a law check (`hippo.testing.matrix`): each path's law
 check, the one the suite passes honestly, catches every planted bug that path exercises.
 
-The default suite runs the greedy-collapse column on every path (a pipeline that never samples: each
+The default tier runs the greedy-collapse column on every path (a pipeline that never samples: each
 law holds at most 0.9 on one sequence, so it is caught at the first look) and every cell of the
-coupled paths batched rows and conversation turn 2 (a few seeds each); the other cells
-carry the `matrix` mark and run with `python -m pytest -m matrix` (a law check's first look is about
-200 runs: together they do not fit CI's 12 minutes).
+coupled paths batched rows and conversation turn 2 (a few seeds each); the other cells carry the
+`matrix` mark and run in CI's second tier (`.ci/run`: `python -m pytest -m matrix`; a law check's
+first look is about 200 runs: together they do not fit the default tier's 12 minutes). Every
+exercised cell is asserted caught in one of the two tiers.
 
 A cell stops at its check's first rejection: at once on a sequence the target cannot emit, else at a
 look (N/10, 3N/10, N), or on a coupled path at the first seed whose draws differ from the reference's;
@@ -26,6 +27,8 @@ The reasons that are claims about behaviour are tested below (`test_inert_...`).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -61,7 +64,10 @@ def _param(path: str, bug: str):
     return pytest.param(path, bug, id=f"{path.replace(' ', '_')}-{bug.removeprefix('planted_')}", marks=marks)
 
 
-@pytest.mark.parametrize(("path", "bug"), [_param(p, b) for p, b in CELLS])
+PARAMS = [_param(p, b) for p, b in CELLS]
+
+
+@pytest.mark.parametrize(("path", "bug"), PARAMS)
 def test_the_paths_law_check_catches_the_planted_bug(path, bug):
     cell = run_cell(path, bug)
     print(f"{path} / {bug}: {cell.describe()} in {cell.seconds:.1f} s")
@@ -79,6 +85,23 @@ def test_every_cell_is_run_or_says_why_not():
     assert {b for _, b in CELLS} == set(BUGS)
     for path in PATHS:
         assert sum((path, b) in INERT for b in BUGS) <= 2, path
+
+
+def test_every_exercised_cell_is_caught_in_ci():
+    """CI (`.ci/run`) runs both tiers: the default one and `-m matrix`. Every exercised cell is a case
+    of the test above in one of them, asserted caught there: none is skipped, none is an expected
+    failure (GAPS is empty), and the cells of the two tiers together are every exercised cell."""
+    assert not GAPS
+    cells = [tuple(p.values) for p in PARAMS]
+    assert sorted(cells) == sorted(CELLS) and len(set(cells)) == len(CELLS)
+    tiers = {"default": 0, "matrix": 0}
+    for p in PARAMS:
+        names = {m.name for m in p.marks}
+        assert names <= {"matrix", "xdist_group"}, (p.id, names)  # no skip, no xfail
+        tiers["matrix" if "matrix" in names else "default"] += 1
+    assert tiers["default"] >= len(PATHS) and tiers["matrix"] > 0, tiers
+    ci = (Path(__file__).parents[2] / ".ci" / "run").read_text().splitlines()
+    assert "HYPOTHESIS_PROFILE=ci python -m pytest -q -m matrix" in ci
 
 
 @pytest.mark.parametrize(

@@ -565,7 +565,7 @@ SWITCHY = {"verify": {1: 1.0, 2: 1.1, 17: 2.6}, "draft": 0.3}
 def test_switching_samples_the_target_law(scheduler):
     """Sampling with rounds and target-only steps mixed within each run: the target's exact law,
     checked with the law test's power (`LawCheck`: power >= 0.95 against a TV error of 0.05 at level
-    4e-5, on a peaked law). Every drafting's first token is corrupted, so none is accepted in part (no
+    2.5e-5, on a peaked law). Every drafting's first token is corrupted, so none is accepted in part (no
     vacuity guard); at least a quarter of the runs must mix rounds and target-only steps instead."""
     case = sampling_case(ADAPTER, gamma="auto", keep_ratio=0.25, corrupt=(True,))
     check = LawCheck.plan(target_law(case, **SWITCHING))  # `python -m hippo.testing.sampling` lists it
