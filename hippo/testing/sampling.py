@@ -172,19 +172,7 @@ def target_law(
     repetition_penalty: float | None = None,
 ) -> dict[tuple[int, ...], float]:
     """The target's exact law of the case's first `max_new_tokens` tokens (cached per process)."""
-    key = (
-        case.adapter,
-        case.target_seed,
-        case.grid,
-        case.before,
-        case.after,
-        case.video_seed,
-        case.max_new_tokens,
-        temperature,
-        top_k,
-        top_p,
-        repetition_penalty,
-    )
+    key = (*_law_key(case, top_k, top_p, repetition_penalty), temperature)
     if key not in _LAWS:
         target = case.target
         proc = warpers(temperature, top_k, top_p, repetition_penalty)
