@@ -55,7 +55,7 @@ def _available(cfg: dict) -> bool:
 #: the configurations that are a path of the planted-bug matrix: the default tier checks each; the
 #: others (other adapters, logits processors and tree shapes on paths already checked) carry the
 #: `matrix` mark with the matrix's other cells: at about 2,000 runs a check they do not fit the
-#: default tier's 12 minutes, and run in CI's second tier (`.ci/run`: `python -m pytest -m matrix`)
+#: default tier's 12 minutes, and run in the second tier (`python -m pytest -m matrix`)
 ON_A_PATH = {name for name, cfg in LAW_CONFIGS.items() if any(p.config is cfg for p in PATHS.values())}
 
 
@@ -81,8 +81,8 @@ CONFIGS = [
 
 
 def test_every_law_configuration_is_checked_in_ci():
-    """Every LAW_CONFIGS entry is a case of the honest law check below, in CI's default tier or its
-    matrix tier (`.ci/run` runs both): none is left out for a missing adapter or scheduler."""
+    """Every LAW_CONFIGS entry is a case of the honest law check below, in the default tier (CI) or the
+    matrix tier: none is left out for a missing adapter or scheduler."""
     assert [p.values[0] for p in CONFIGS] == list(LAW_CONFIGS)
     for p in CONFIGS:
         assert {m.name for m in p.marks} <= {"matrix", "xdist_group"}, p.id  # no skip, no xfail
