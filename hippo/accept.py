@@ -258,17 +258,17 @@ def accept_rows(
     sampled = [pol.do_sample and not greedy for pol in policies]
     if not any(sampled):
         return accept_chains(tokens.to(dev), sizes.to(dev), scores)
-    q = torch.zeros(B, G, V, dtype=torch.float64)  # [B, γ, V]
+    q = torch.zeros(B, G, V, dtype=torch.float64, device=dev)  # [B, γ, V], filled where q's laws are
     uniforms, races = torch.ones(B, G, dtype=torch.float64), torch.ones(B, V, dtype=torch.float64)
     for b, (prop, pol) in enumerate(zip(proposals, policies)):
         if not sampled[b]:
             continue
         n = prop.size
-        law = prop.q
-        q[b, :n] = one_hot(prop.tokens.cpu(), V) if law is None else law.double().cpu()[:, :V]
+        law = prop.q  # [n, V_q] on the draft's side: copied to the scores' device, never to the host
+        q[b, :n] = one_hot(prop.tokens.cpu(), V) if law is None else law[:, :V].to(dev, torch.float64)
         uniforms[b], races[b] = chain_draws(pol, n, V, G)
     return accept_chains(
-        tokens.to(dev), sizes.to(dev), scores, torch.tensor(sampled, device=dev), q.to(dev),
+        tokens.to(dev), sizes.to(dev), scores, torch.tensor(sampled, device=dev), q,
         uniforms.to(dev), races.to(dev),
     )  # fmt: skip
 
