@@ -290,7 +290,10 @@ class AutoGamma:
         tokens is (measured for the narration pair at B = 2, 4, 6 within 1-15% of the line between
         1 and 8), so a batch whose rows finish one by one measures nothing while it shrinks. Where
         `costs` fixed the whole model (t_draft too), the fixed curve serves every B."""
-        if self.t_draft is not None and self.curve is not None:
+        if self.curve is not None and (rows == 1 or self.t_draft is not None):
+            return self.curve  # one row's own curve, or the whole model fixed by `costs`
+        if rows == 1:  # measured once, as `calibrate` measures it
+            self.curve = measure(self.widths)
             return self.curve
         if rows in self.batch_curves:
             return self.batch_curves[rows]

@@ -22,9 +22,10 @@ it shares the batch with (greedy rows are exact at any γ).
 
 `Pipeline.generate_batch`, `Pipeline.map`, `hippo batch` and `hippo serve` decode on this loop, and
 so does `generate` with the sequential schedules (`serial`, `autoregressive`, and `auto` where it
-chooses them): `decode_alone` runs one job as a batch of one that nothing joins, on the job's own
-sessions (packed or compiled) and its own drafter (chains and trees), the round being the drafter's
-`propose` and `Job.verify_round`.
+chooses them): `decode_alone` runs one job as a batch of one that nothing joins, on the same round,
+its own sessions (packed or compiled) standing as one-row stacks (`hippo.stacked.SessionRow`). A
+drafter without a batched chain form (a token tree, a third-party drafter) drafts there with its own
+`propose`, and a tree is scored in one masked pass of the row's session.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from hippo.packed import MAX_ROWS, PackedLinears
 from hippo.proposal import DraftProposal
 from hippo.registry import lookup
 from hippo.session import KVSession, PackedSessions
-from hippo.stacked import BatchedCache
+from hippo.stacked import BatchedCache, SessionRow
 
 
 class _RowPrefill:
@@ -103,8 +104,9 @@ def can_batch(pipe: Any) -> bool:
 class _Row:
     """One live row: its job, the tokens its draft consumed after the prompt, its decode seconds."""
 
-    def __init__(self, job: Job, gamma: int | None):
+    def __init__(self, job: Job, gamma: int | None, side: Any = None):
         self.job = job
+        self.side = side  # its own `DraftSide`, where its drafter drafts it (not batched)
         self.gamma = gamma  # a fixed γ for every round (sampled rows), or None: the batch's
         self.draft_generated: list[int] = []
         self.seconds_target = 0.0
@@ -112,22 +114,6 @@ class _Row:
         self.target_steps = 0  # batched steps of the target alone (γ = 0) while this row was live
         self.batch_sizes: list[int] = []  # live rows in each round it took part in
         self.error: BaseException | None = None  # what failed in this row's own work (it then leaves)
-
-
-class _Solo:
-    """A batch of one on its job's own sessions and drafter: p's session of the pipeline's kind
-    (packed, compiled), and q's `DraftSide`, which drafts with the pipeline's drafter."""
-
-    def __init__(self, job: Job, target: Any, side: Any):
-        self.job, self.target, self.side = job, target, side
-
-    def round(self, gamma: int | None) -> None:
-        """One round: γ draft tokens verified by p (None: a step of p alone). Errors propagate."""
-        job = self.job
-        if gamma is None:
-            job.target_step(self.target)
-        else:
-            job.verify_round(self.target, self.side.propose(job.prefix(), gamma))
 
 
 class _DraftClock:
@@ -150,21 +136,21 @@ class _DraftClock:
 
 
 class Engine:
-    """The one decode loop of a pipeline's batches (see the module doc).
+    """The one decode loop of a pipeline's rows (see the module doc).
 
     `add(job)` prefills a job and lets it join the live rows; `step()` runs one round for all of
     them and returns the jobs that finished in it; `cancel(job)` removes a live row. `run(jobs)`
     adds them all and steps until none is live. `sampled_gamma`: the fixed γ of sampled rows
     (default: the schedule's γ where it is fixed, else `hippo.cost.GAMMA_START`). `scheduler`: the
     schedule asked how the batch drafts and told when a row is done (default: the pipeline's).
-    `alone`: a batch of one that nothing joins, on its job's own sessions and drafter, whose job the
-    caller finishes (`decode_alone`).
+    `own_sessions`: one job that nothing joins, on its own sessions and drafter (`decode_alone`),
+    which the caller finishes; the round is the same.
     """
 
     def __init__(
-        self, pipe: Any, sampled_gamma: int | None = None, scheduler: Any = None, alone: bool = False
+        self, pipe: Any, sampled_gamma: int | None = None, scheduler: Any = None, own_sessions: bool = False
     ):
-        if not alone and not can_batch(pipe):
+        if not own_sessions and not can_batch(pipe):
             name = pipe.names.get("scheduler", type(pipe.scheduler).__name__)
             raise UnsupportedError(
                 f"scheduler {name!r} with drafter {type(pipe.drafter).__name__} has no batched form; "
@@ -174,13 +160,14 @@ class Engine:
         self.pipe = pipe
         self.scheduler = pipe.scheduler if scheduler is None else scheduler
         self.sampled_gamma = sampled_gamma
-        self.alone = alone
-        self.solo: _Solo | None = None  # the live row's own sessions and drafter, when alone
+        self.own_sessions = own_sessions
         self.rows: list[_Row] = []
-        self.target: BatchedCache | None = None
-        self.draft: BatchedCache | None = None
+        self.target: BatchedCache | SessionRow | None = None
+        self.draft: BatchedCache | SessionRow | None = None
         self.gamma: int | AutoGamma | None = None  # the schedule's form for the batch now live
         self.plan: GammaPlan | None = None
+        #: how the rows' chains are drafted in a batch (`chain_rewrite`); None: each row's drafter
+        #: drafts it on its own session (a job on its own sessions only)
         self.rewrite: Callable[[DraftProposal, int], DraftProposal] | None = None
         self.clock = _DraftClock()
         self.rounds = 0
@@ -206,14 +193,14 @@ class Engine:
             target = job.prefill_target()
             job.first_token(target)
             if job.done:
-                if self.alone:  # as a round never taken: nothing to book
+                if self.own_sessions:  # as a round never taken: nothing to book
                     self.gamma = self.plan = None
                 else:
                     self._finish(_Row(job, None))
                 return False
             draft = job.prefill_draft() if self.drafting else None
         except BaseException:
-            if not self.alone:
+            if not self.own_sessions:
                 job.finish()
             if not self.rows:
                 self.gamma = self.plan = None
@@ -229,34 +216,36 @@ class Engine:
         self.plan = None
         if isinstance(self.gamma, AutoGamma):
             self.plan = self.gamma.plan(parallel=False, prior=getattr(job, "alpha_prior", None))
-        self.rewrite = chain_rewrite(self.pipe.drafter) if self.drafting and not self.alone else None
+        self.rewrite = chain_rewrite(self.pipe.drafter) if self.drafting else None
 
     @property
     def drafting(self) -> bool:
         return self.plan is not None or (isinstance(self.gamma, int) and self.gamma > 0)
 
     def _join(self, job: Job, target: KVSession, draft: KVSession | None) -> None:
-        if self.alone:  # p's curve is measured once per schedule, on one row's own session
-            self.solo = _Solo(job, target, job.draft_side() if draft is not None else None)
-            if self.plan is not None:
-                self.plan.auto.calibrate(target, job.prefix())
-            self.rows.append(_Row(job, None))
-            return
-        pipe, sessions = self.pipe, [target] + ([draft] if draft is not None else [])
-        if self.target is None:
-            self.target = BatchedCache([target], *_packing(pipe, "target", pipe.target))
+        side = None
+        if self.own_sessions:  # its sessions, packed or compiled, stand as one-row stacks
+            self.target = SessionRow(target)
             if draft is not None:
-                self.draft = BatchedCache([draft], *_packing(pipe, "draft", pipe.draft))
+                self.draft = SessionRow(draft)
+                side = job.draft_side() if self.rewrite is None else None  # its drafter drafts it
         else:
-            self.target.join([target])
-            if draft is not None:
-                self.draft.join([draft])
-        for s in sessions:
-            s.close()  # their caches were copied into the batch
+            pipe, sessions = self.pipe, [target] + ([draft] if draft is not None else [])
+            if self.target is None:
+                self.target = BatchedCache([target], *_packing(pipe, "target", pipe.target))
+                if draft is not None:
+                    self.draft = BatchedCache([draft], *_packing(pipe, "draft", pipe.draft))
+            else:
+                self.target.join([target])
+                if draft is not None:
+                    self.draft.join([draft])
+            for s in sessions:
+                s.close()  # their caches were copied into the batch
         gamma = None
-        if job.policy.do_sample and self.drafting:  # a seeded sample must not depend on its batch
+        if job.policy.do_sample and self.drafting and not self.own_sessions:
+            # a seeded sample must not depend on the rows it shares its batch with
             gamma = self.sampled_gamma or (self.gamma if isinstance(self.gamma, int) else GAMMA_START)
-        self.rows.append(_Row(job, gamma))
+        self.rows.append(_Row(job, gamma, side))
 
     def cancel(self, job: Job) -> bool:
         """Remove a live row now (its tokens so far stay on the job, which is finished); False when
@@ -275,7 +264,7 @@ class Engine:
         left = [self.rows[i] for i in gone]
         self.rows = [self.rows[i] for i in keep]
         if not self.rows:
-            self.target = self.draft = self.solo = None
+            self.target = self.draft = None
         else:
             for cache in (self.target, self.draft):
                 if cache is not None:
@@ -287,18 +276,14 @@ class Engine:
         return [row.job for row in left]
 
     def _finish(self, row: _Row) -> None:
-        job = row.job
-        if self.alone:  # the caller finishes the job; its sessions book their own seconds
-            if self.plan is not None:
-                self.plan.book(job.stats)
-            return
+        job, s = row.job, row.job.stats
         if row.error is not None:  # failed alone: the other rows go on
             job.error = row.error
-            job.stats.notes.append(f"failed: {type(row.error).__name__}: {row.error}")
-        job.finish()
-        s = job.stats
-        s.seconds_target_decode, s.seconds_draft_decode = row.seconds_target, row.seconds_draft
-        if row.batch_sizes:
+            s.notes.append(f"failed: {type(row.error).__name__}: {row.error}")
+        if not self.own_sessions:  # on its own sessions the caller finishes it (`decode_alone`)
+            job.finish()
+            s.seconds_target_decode, s.seconds_draft_decode = row.seconds_target, row.seconds_draft
+        if max(row.batch_sizes, default=1) > 1:
             s.notes.append(f"decoded in a batch of {max(row.batch_sizes)} rows at most")
         if self.plan is not None:  # the batch's choices; the row's own α and target-only steps
             s.target_steps = row.target_steps
@@ -307,7 +292,9 @@ class Engine:
             if own is not None:
                 record["alpha"] = own.alpha
             s.plan["gamma"] = record
-        self.pipe.scheduler.batch_done(job)
+            self.plan.auto.carried_backoff = self.plan.backoff  # where the next plan starts
+        if not self.own_sessions:
+            self.pipe.scheduler.batch_done(job)
 
     # ---- one round ---------------------------------------------------------------------------------
     def step(self) -> list[Job]:
@@ -320,19 +307,22 @@ class Engine:
         g = self.gamma if isinstance(self.gamma, int) else self._planned()
         wanted = [g if row.gamma is None else row.gamma for row in rows]  # 0: the target alone
         gammas = [min(w, row.job.remaining - 1) for w, row in zip(wanted, rows)]  # as batch 1 clamps
-        if self.solo is not None:
-            self.solo.round(gammas[0] if wanted[0] else None)
-            self.rounds += 1
-            return self._leave([0]) if rows[0].job.done else []
         proposals: list[DraftProposal | None] = [None] * len(rows)
         chains: list[list[int]] = [[] for _ in rows]  # each row's draft tokens, on the host
         if any(wanted):
-            t0, f0 = draft.seconds, draft.forwards
-            drafted, chains = _draft(draft, rows, gammas, self.rewrite)
+            t0, f0, clock = draft.seconds, draft.forwards, time.perf_counter()
+            if self.rewrite is not None:  # every row's chain, batched
+                drafted, chains = _draft(draft, rows, gammas, self.rewrite)
+            else:  # a job on its own sessions whose drafter has no batched form: it drafts itself
+                drafted = [row.side.propose(row.job.prefix(), g) for row, g in zip(rows, gammas)]
+                chains = [prop.tokens.tolist() for prop in drafted]
             proposals = [p if w else None for p, w in zip(drafted, wanted)]
             self.clock.add(draft.rows, draft.seconds - t0, draft.forwards - f0)
-            for row in rows:
+            for row, prop, g in zip(rows, proposals, gammas):
                 row.seconds_draft += draft.seconds - t0
+                if prop is not None and self.rewrite is not None:  # (a drafter books its own)
+                    row.job.observe("draft", "draft", clock, pos=row.job.length, n=prop.size,
+                                    depth=prop.depth, gamma=g, stopped=False)  # fmt: skip
         for row, prop in zip(rows, proposals):
             row.batch_sizes.append(len(rows))
             if prop is None:
@@ -353,10 +343,6 @@ class Engine:
     def _planned(self) -> int:
         """The plan's γ for this round, for all live rows: the most expected tokens/s of the batch."""
         rows = self.rows
-        if self.solo is not None:  # one row on its own sessions: p's calibrated one-row curve
-            side = self.solo.side
-            t_draft = None if side is None else side.seconds_per_forward
-            return self.plan.next(rows[0].job.stats, t_draft, self.solo.target)
         target = self.target
         curve = self.plan.auto.batch_curve(target.rows, target.verify_curve)
         return self.plan.next(
@@ -387,14 +373,16 @@ def decode_alone(scheduler: Any, job: Job) -> None:
     """Decode `job` alone on the engine loop (a sequential schedule's `Scheduler.run`): a batch of
     one on the job's own sessions and drafter, γ from `scheduler.batch_gamma(job, 1)`. The job is
     left for the caller to finish, as `Scheduler.run` leaves it."""
-    engine = Engine(job.pipeline, scheduler=scheduler, alone=True)
+    engine = Engine(job.pipeline, scheduler=scheduler, own_sessions=True)
     if engine.add(job):
         while engine.rows:
             engine.step()
+    if job.error is not None:  # its own work failed: the caller sees why
+        raise job.error
 
 
 def _draft(
-    draft: BatchedCache,
+    draft: BatchedCache | SessionRow,
     rows: Sequence[_Row],
     gammas: Sequence[int],
     rewrite: Callable[[DraftProposal, int], DraftProposal],
@@ -470,19 +458,35 @@ def _draft(
 
 
 def _verify(
-    target: BatchedCache,
+    target: BatchedCache | SessionRow,
     rows: Sequence[_Row],
     proposals: Sequence[DraftProposal | None],
     chains: Sequence[list[int]],  # each proposal's tokens on the host
 ) -> None:
-    """One target forward for all rows: each row's pending token and its draft tokens; then each row
-    accepts, rolls back and emits as its batch-1 round (or, without a proposal, its target step)."""
+    """One target forward for all rows: each row's pending token and its draft tokens; then the
+    verdicts of all rows in one call per verifier (`decide`), and each row keeps its accepted tokens
+    in p's cache and emits them (`commit`), or, without a proposal, emits p's next token. A token
+    tree (a job on its own session) is scored in one masked pass of that session instead."""
+    t0 = time.perf_counter()
     blocks = []
     for b, (row, prop) in enumerate(zip(rows, proposals)):
         if target.lengths[b] != row.job.length - 1:
             raise RuntimeError(f"row {b}: p holds {target.lengths[b]} tokens, expected {row.job.length - 1}")
         blocks.append([row.job.tokens[-1], *([] if prop is None else chains[b])])
-    logits = target.forward(blocks)  # [B, W, V]
+    tree = next((prop for prop in proposals if prop is not None and not prop.chain), None)
+    if tree is None:
+        logits = target.forward(blocks)  # [B, W, V]
+        keep = lambda b, T, path: target.rollback(b, T + len(path))  # noqa: E731
+    else:  # a job alone (`SessionRow`): its tree in one masked pass
+        (row,) = rows
+        if not row.job.verifier.trees:  # refused before anything is scored
+            row.error = UnsupportedError(
+                f"verifier {type(row.job.verifier).__name__} verifies chains only, but the drafter made a "
+                "token tree; use a stock verifier ('greedy', 'rejection') or leave the verifier unset"
+            )
+            return
+        logits = target.score_tree(row.job.prefix(), tree)  # [1, n+1, V]
+        keep = lambda b, T, path: target.keep_tree(T, tree, path)  # noqa: E731
     drafted: list[int] = []  # rows with a proposal, their scores processed
     scores: list[torch.Tensor] = []
     for b, (row, prop) in enumerate(zip(rows, proposals)):
@@ -490,7 +494,8 @@ def _verify(
             continue
         try:
             if prop is None:  # the target alone, as `Job.target_step`
-                row.job.step_from(logits[b, :1])
+                kept = row.job.step_from(logits[b, :1])
+                row.job.observe("target", "step", t0, pos=row.job.length - kept, emitted=kept)
                 continue
             scores.append(process_rows(row.job.policy, row.job.prefix(), prop, logits[b, : prop.size + 1]))
             drafted.append(b)
@@ -498,7 +503,8 @@ def _verify(
             row.error = exc
     if not drafted:
         return
-    stacked = logits.new_zeros(len(drafted), max(s.shape[0] for s in scores), logits.shape[-1]).float()
+    W = max(s.shape[0] for s in scores)
+    stacked = scores[0].new_zeros(len(drafted), W, scores[0].shape[-1])  # [B', W, V]
     for i, s in enumerate(scores):  # [B', W', V]: each row's own positions, then padding none reads
         stacked[i, : s.shape[0]] = s
     groups: dict[int, list[int]] = {}  # rows by verifier: every row's verdict in one call per verifier
@@ -518,14 +524,13 @@ def _verify(
         for i, job, verdict in zip(members, jobs, verdicts):
             b = drafted[i]
             try:
-                keep = lambda path, b=b, T=job.length: target.rollback(b, T + len(path))  # noqa: E731
-                commit(
-                    job,
-                    proposals[b],
-                    verdict,
-                    keep,
-                    tokens=chains[b],
-                    logits=logits[b, : proposals[b].size + 1],
-                )
+                T, prop = job.length, proposals[b]
+                _, kept = commit(
+                    job, prop, verdict, lambda path, b=b, T=T: keep(b, T, path), tokens=chains[b],
+                    logits=logits[b, : prop.size + 1],
+                )  # fmt: skip
+                a = verdict.n_accepted
+                job.observe("target", "verify", t0, pos=T, n=prop.size, depth=prop.depth, accepted=a,
+                            rejected=prop.depth - a, emitted=kept)  # fmt: skip
             except Exception as exc:  # this row's own failure: it leaves, the others go on
                 rows[b].error = exc

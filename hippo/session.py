@@ -71,12 +71,16 @@ class KVSession(ModelSession):
         self.direct = (model.get_decoder(), model.get_output_embeddings()) if direct else None
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor | Sequence[int]) -> torch.Tensor:  # [k] -> [k, V]
+    def forward(
+        self, tokens: torch.Tensor | Sequence[int], record: bool = True
+    ) -> torch.Tensor:  # [k] -> [k, V]
         """Feed `tokens` (a tensor, or ints the caller holds on the host). A tensor on the host is read
-        before it is moved, so a device's copy is never read back."""
+        before it is moved, so a device's copy is never read back. `record=False`: a tensor is fed
+        as it is, never read, and not added to `generated` (a caller that tracks the tokens itself,
+        `hippo.stacked.SessionRow`; `sync` is then not for this session)."""
         t0 = time.perf_counter()
         if isinstance(tokens, torch.Tensor):
-            host = tokens.reshape(-1).tolist() if tokens.device.type == "cpu" else None
+            host = tokens.reshape(-1).tolist() if record and tokens.device.type == "cpu" else None
         else:
             host = [int(t) for t in tokens]
         ids = (torch.tensor(host) if host is not None else tokens).to(self.device, torch.long).view(1, -1)
@@ -84,7 +88,8 @@ class KVSession(ModelSession):
         self._reserve(ids.shape[1])
         logits = self._step(embeddable(ids, self.embedding_rows), pos)
         self.length += ids.shape[1]
-        self.generated.extend(host if host is not None else ids[0].tolist())
+        if record:
+            self.generated.extend(host if host is not None else ids[0].tolist())
         self.last_logits = logits[-1]
         synchronize(logits.device)  # the last device of a target spread over several
         self.seconds_decode += time.perf_counter() - t0

@@ -28,19 +28,22 @@ exactness already rests on; the padding costs little because a round feeds at mo
 row.
 
 The target's packed linear weights (`hippo.packed`) serve the batched forwards; static-cache
-compiled sessions (`hippo.static`) do not: a batch runs on dynamic caches.
+compiled sessions (`hippo.static`) do not: a batch runs on dynamic caches. A job decoded alone keeps
+its own session, packed or compiled, as a one-row stack (`SessionRow`: the same calls, one row).
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from hippo.cost import VerifyCurve, time_widths
+from hippo.cost import VerifyCurve, measure_verify_curve, time_widths
 from hippo.errors import UnsupportedError
 from hippo.forward import embeddable, step_logits
 from hippo.gqa import grouped_query_sdpa
@@ -253,6 +256,75 @@ class BatchedCache:
             layer.keys, layer.values = layer.keys.gather(2, g), layer.values.gather(2, g)
         self.slots = [rank[b, s].tolist() for b, s in enumerate(self.slots)]
         self.valid = torch.arange(keep)[None] < counts[:, None]  # [B, keep]
+
+
+class SessionRow:
+    """One job's own prefilled session (plain, packed or compiled: `hippo.session`, `hippo.static`) as
+    a one-row `BatchedCache`: the engine's round makes the same calls on it, row index 0. No row joins
+    it. It also scores a token tree (`score_tree`, `keep_tree`), which a stack of rows cannot.
+
+    Tokens fed through `forward_ids` stay on their device: the session does not record them in its
+    `generated` list (the engine tracks what each row's draft consumed), so the session's own
+    catch-up (`ModelSession.sync`) is not used on a session fed so."""
+
+    def __init__(self, session: ModelSession):
+        self.session = session
+        self.device = getattr(session, "device", torch.device("cpu"))
+        self.logits_device = getattr(session, "logits_device", self.device)
+        # a session kind of a plugin's may not take `record`: it then reads the tokens as it likes
+        self._unrecorded = "record" in inspect.signature(session.forward).parameters
+
+    rows = 1
+
+    @property
+    def lengths(self) -> list[int]:
+        return [self.session.length]
+
+    # the session's clocks, under a batch's names (`hippo.cost.GammaPlan` and the engine read them)
+    @property
+    def seconds(self) -> float:
+        return self.session.seconds_decode
+
+    seconds_decode = seconds
+
+    @property
+    def forwards(self) -> int:
+        return self.session.forwards
+
+    @property
+    def tokens_forwarded(self) -> int:
+        return getattr(self.session, "tokens_forwarded", 0)
+
+    def forward(self, blocks: Sequence[Sequence[int]]) -> torch.Tensor:  # -> logits [1, W, V]
+        (block,) = blocks
+        return self.session.forward([int(t) for t in block])[None]
+
+    def forward_ids(self, ids: torch.Tensor, widths: Sequence[int]) -> torch.Tensor:  # -> [1, W, V]
+        (width,) = widths
+        if self._unrecorded:
+            return self.session.forward(ids[0, :width], record=False)[None]
+        return self.session.forward(ids[0, :width])[None]
+
+    def rollback(self, row: int, length: int) -> None:
+        self.session.rollback(length)
+
+    def score_tree(self, prefix: torch.Tensor, proposal: Any) -> torch.Tensor:  # -> [1, n+1, V]
+        """p at the root and after each node of a token tree, in one masked pass (`score_proposal`)."""
+        return self.session.score_proposal(prefix, proposal)[None]
+
+    def keep_tree(self, length: int, proposal: Any, path: Sequence[int]) -> None:
+        self.session.keep_path(length, proposal, path)
+
+    def verify_curve(self, widths: Sequence[int], repeats: int = 3) -> VerifyCurve:
+        """t_verify(k) of the session, as `hippo.cost.AutoGamma.calibrate` measures it."""
+        return measure_verify_curve(self.session, torch.zeros(1, dtype=torch.long), widths, repeats)
+
+    def maybe_compact(self) -> None:
+        """Nothing to compact: a session crops on rollback."""
+
+    def select(self, rows: Sequence[int]) -> None:
+        if list(rows) != [0]:
+            raise ValueError(f"a one-row stack keeps row 0 only, not {list(rows)}")
 
 
 def _check(sessions: Sequence[ModelSession]) -> None:

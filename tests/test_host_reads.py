@@ -71,6 +71,13 @@ def test_a_batch_reads_the_host_a_fixed_number_of_times_per_round(setup, monkeyp
     assert eight <= one + 1.0, (one, eight, sites_eight)  # not growing with the batch
 
 
+def test_a_job_alone_reads_the_host_as_a_batch_does(setup, monkeypatch):
+    """`generate` runs the same round on the job's own sessions (`hippo.stacked.SessionRow`)."""
+    pipe, prompts = setup
+    alone, sites = per_round(pipe, prompts[:1], monkeypatch)
+    assert alone <= 2.0, sites  # the draft's token table and the verdicts
+
+
 def test_the_counter_sees_each_kind_of_read():
     t = torch.arange(6)
     with HostReads() as reads:
