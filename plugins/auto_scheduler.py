@@ -20,7 +20,12 @@ Each job then gets the schedule of the most predicted tokens/s (`predict`):
   the early prefill takes p's compute (on 2 cores with one thread per model, `hippo bench --quick`:
   TTFT 0.41 s against pearl's 0.27 s). So a tie goes to hippo where q and p are on different devices,
   and to pearl where they share one;
-at the α seen in this pipeline's earlier jobs (1/2 before the first).
+at the α seen in this pipeline's earlier jobs (1/2 before the first). Where even the best drafting
+schedule is predicted slower than the target alone at that α, the next job runs the target alone,
+without the draft's prefill, and a later one probes the draft again: after 1 such job, then 2, 4, ...
+up to `JOB_BACKOFF_MAX` while the probes still lose (no regret on a draft that cannot help; `why`
+says so). A probe, or a schedule predicted to pay, decodes with γ re-chosen each round, so a draft
+that turns out poor mid-answer still hands over to the target alone.
 
 The keep ratio (`keep_ratios`, by default `KEEP_RATIOS`; `()` keeps the selector's own), where the
 pipeline's selector has one: each job's draft keeps the share of the visual tokens that answers
@@ -97,6 +102,10 @@ KEEP_MARGIN = 0.03
 #: calibration), and the answer lengths the planner expects the next one from
 LIVE_POINTS = 16
 #: environment variables that cap the instruction set of torch's, oneDNN's and MKL's kernels
+#: where drafting is predicted to lose at the α of the pipeline's earlier jobs, the target decodes the
+#: next jobs alone, with no draft prefill, before the draft is tried again (a probe): first 1 job,
+#: doubling after each probe that still loses, up to this many
+JOB_BACKOFF_MAX = 16
 ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
@@ -343,6 +352,10 @@ class AutoScheduler(Scheduler):
         self.answers: deque[int] = deque(maxlen=LIVE_POINTS)
         self._schedulers: dict[str, Scheduler] = {}
         self._batches: AutoGamma | None = None
+        self.drafted_jobs = 0  # jobs (and batch rows) with a drafted round: α is seen, not a prior
+        self.skip = 0  # jobs left to run the target alone before the draft's next probe
+        self.probe_due = False  # the next job that would lose drafts anyway, once `skip` is 0
+        self.job_backoff = 1  # the wait after the next probe that still loses (`JOB_BACKOFF_MAX`)
 
     def _costs(self, job: DecodeJob) -> Costs:
         if self.costs is None:
@@ -479,13 +492,45 @@ class AutoScheduler(Scheduler):
         return {
             "ratio": best,
             "band": band,
+            "fresh": fresh,
             "answer_tokens": answer,
             **options[best],
             "options": {str(r): o for r, o in options.items()},
         }
 
+    def _no_regret(self, name: str, record: dict[str, Any]) -> str:
+        """Where the chosen drafting schedule is predicted slower than the target alone at an α seen
+        on earlier jobs, run the target alone (its γ = 0 fallback would pay the draft's prefill and
+        probes first), except for a probe job after `skip` such jobs (the module doc); a schedule
+        predicted to pay resets the wait."""
+        rates = record["tokens_per_second"]
+        if name == "autoregressive" or rates[name] >= rates["autoregressive"]:
+            self.skip, self.job_backoff, self.probe_due = 0, 1, False
+            return name
+        if not self.drafted_jobs or record.get("keep", {}).get("fresh"):
+            return name  # α is still the prior, or nothing was seen on videos of this length: see
+        if self.probe_due and not self.skip:  # the wait is over: try the draft again
+            self.probe_due = False
+            record["why"] += "; a probe of the draft after jobs it was predicted to lose"
+            return name
+        if not self.probe_due:  # a drafted job just lost: wait 1 job, then 2, 4, ...
+            self.skip, self.probe_due = self.job_backoff, True
+            self.job_backoff = min(2 * self.job_backoff, JOB_BACKOFF_MAX)
+        self.skip -= 1
+        record["schedule"] = "autoregressive"
+        record["why"] = (
+            f"drafting was predicted slower than the target alone at α = {record['alpha']:.2f} "
+            "(earlier jobs): the target alone, without the draft's prefill; the draft is tried "
+            f"again after {self.skip} more job(s)"
+        )
+        record.pop("keep", None)
+        return "autoregressive"
+
     def run(self, job: DecodeJob) -> None:
         name, record = self.choose(job)
+        name = self._no_regret(name, record)
+        if name == "autoregressive":
+            job.keep_ratio = None
         job.stats.plan.update(record)
         job.alpha_prior = record["keep"]["alpha"] if "keep" in record else self.acceptance.alpha
         self._scheduler(name).run(job)
@@ -499,6 +544,7 @@ class AutoScheduler(Scheduler):
         that is always right would lose; chosen by `choose` (on this machine's one-row costs, at the
         α of this pipeline's earlier jobs) and recorded on `job.stats.plan`."""
         name, record = self.choose(job, batch=rows)
+        name = self._no_regret(name, record)
         job.stats.plan.update(record)
         job.alpha_prior = self.acceptance.alpha
         return 0 if name == "autoregressive" else self._batch_gamma()
@@ -510,6 +556,7 @@ class AutoScheduler(Scheduler):
         """Count the job's rounds in the α the pipeline's next job starts from, and in the α of its keep
         ratio and video length; keep its answer's length and q's step and prefill."""
         s = job.stats
+        self.drafted_jobs += bool(s.rounds)
         self.acceptance.update(s)
         self.acceptance.seen = 0
         if job.keep_ratio is not None and s.rounds:

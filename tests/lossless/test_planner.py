@@ -495,7 +495,8 @@ def test_auto_starts_a_job_from_the_acceptance_of_the_earlier_ones(auto_schedule
     """The γ planner of `auto`'s schedule starts each job from the α its pipeline's earlier jobs saw,
     not from 1/2. Its first round drafts `GAMMA_START` either way (q's step is not timed yet); after
     a draft that was always right, the next job drafts longer from its second round on; after one
-    that was always wrong, it hands over to the target alone after fewer rounds. Both stay exact."""
+    that was always wrong, the next job runs the target alone (`auto`'s no-regret rule) and the one
+    after, a probe, hands over to the target alone after fewer rounds. All stay exact."""
     target = hm.tiny(ADAPTER, "target")
     p = hm.Prompt.default(ADAPTER, target)
     gen = {"do_sample": False, "max_new_tokens": 24}
@@ -505,6 +506,11 @@ def test_auto_starts_a_job_from_the_acceptance_of_the_earlier_ones(auto_schedule
         b = b.drafter(name, **options).scheduler("auto", cache_dir=str(tmp_path), costs=COSTS)
         pipe = b.build()
         first, second = (pipe.generate(p.inputs, timeline=True, **gen) for _ in range(2))
+        if kind == "wrong":  # drafting now loses at the α seen: one job alone, then a probe
+            alone = second
+            second = pipe.generate(p.inputs, timeline=True, **gen)
+            hr.assert_same(alone, ref, p.length)
+            assert alone.stats.plan["schedule"] == "autoregressive" and not alone.stats.rounds
     for out in (first, second):
         hr.assert_same(out, ref, p.length)
         assert out.stats.plan["schedule"] != "autoregressive"  # γ = 0 is the plan's own choice
@@ -515,6 +521,47 @@ def test_auto_starts_a_job_from_the_acceptance_of_the_earlier_ones(auto_schedule
     else:
         assert second.stats.plan["alpha"] < 0.2
         assert 1 <= _rounds_before_target_alone(second.stats) < _rounds_before_target_alone(first.stats)
+
+
+def test_auto_runs_the_target_alone_after_a_draft_that_loses_and_probes_it_again(auto_scheduler, tmp_path):
+    """No regret on a draft that cannot help: where drafting is predicted slower than the target
+    alone at the α of earlier jobs, `auto` runs the next jobs with the target alone, the draft not
+    even prefilled, and probes the draft again after 1 such job, then 2, then 4 (`JOB_BACKOFF_MAX`
+    caps the wait); a draft that pays again resets it. Every answer stays exact."""
+    target = hm.tiny(ADAPTER, "target")
+    p = hm.Prompt.default(ADAPTER, target)
+    gen = {"do_sample": False, "max_new_tokens": 12}
+    ref = hr.reference(target, p.inputs, **gen)
+    with drafter("wrong") as (name, options):
+        b = hippo.PipelineBuilder().target(target).draft(target).selector("uniform", keep_ratio=1.0)
+        b = b.drafter(name, **options).scheduler("auto", cache_dir=str(tmp_path), costs=SWITCHY)
+        pipe = b.build()
+        outs = [pipe.generate(p.inputs, **gen) for _ in range(9)]
+    schedules = [out.stats.plan["schedule"] for out in outs]
+    drafted = ["autoregressive" if s == "autoregressive" else "draft" for s in schedules]
+    # the prior α drafts; then 1 job alone, a probe, 2 alone, a probe, 4 alone (the last is cut off)
+    assert drafted == [
+        "draft",
+        "autoregressive",
+        "draft",
+        *["autoregressive"] * 2,
+        "draft",
+        *["autoregressive"] * 3,
+    ]
+    for out, s in zip(outs, drafted):
+        hr.assert_same(out, ref, p.length)
+        if s == "autoregressive":
+            assert out.stats.rounds == 0 and out.stats.kept_visual_tokens == 0  # no draft prefill
+            assert "without the draft's prefill" in out.stats.plan["why"]
+    assert "a probe" in outs[2].stats.plan["why"]
+    # a draft that pays again resets the wait
+    sched = pipe.scheduler
+    sched.acceptance = type(sched.acceptance).starting_at(0.95)
+    sched.by_keep.clear()  # the keep-ratio planner's α too
+    job = pipe.job(p.inputs, **gen)
+    name, record = sched.choose(job)
+    assert sched._no_regret(name, record) != "autoregressive" and (sched.skip, sched.job_backoff) == (0, 1)
+    pipe.close()
 
 
 def test_generate_verbose_and_json_say_what_was_chosen(tmp_path, capsys):
