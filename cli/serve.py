@@ -690,7 +690,9 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, Any, str]:
     try:
         if not pipe.can_batch():
             raise ConfigError(
-                f"scheduler {cfg.scheduler.name!r} has no batched form; serve with auto, serial or autoregressive"
+                f"scheduler {cfg.scheduler.name!r} with drafter {cfg.drafter.name!r} has no batched form, "
+                "and serve decodes its requests together: use a schedule with one (auto, serial, pearl, "
+                "hippo, autoregressive) and the 'chain' drafter (token trees decode one request at a time)"
             )
         name = args.served_model_name or Path(cfg.target).name
         service = Service(

@@ -15,6 +15,14 @@ in one forward, and each row settles its round as batch 1 does (`hippo.accept.se
 
 So each row's answer is its own batch-1 answer whatever else shares its batch: `target.generate`'s
 when greedy, and the same draws from the row's generator as batch 1 with the same γ when sampling.
+
+The parallel schedules (`pearl`, `hippo`: `Scheduler.batch_overlap`) draft beside the target: while
+p verifies a round's blocks, q drafts each row's next block on a thread (`_Beside`), continuing the
+block as if p accepted all of it. Where p did, and its next token is q's first guess, the rest is the
+row's next block, verified at once (PEARL's post-verify); otherwise q drafts one token before the
+next verification and the rest beside it (pre-verify). The emitted tokens are p's own either way; a
+sampled row's draft draws from a fork of its generator, and its next block is a draw from q given
+the tokens emitted, so rejection sampling stays exact.
 γ comes from the pipeline's schedule (`Scheduler.batch_gamma`): a fixed γ, 0 (the target alone),
 or a `hippo.cost.AutoGamma` that re-chooses one γ for all live rows each round. A sampled row keeps
 one fixed γ (`sampled_gamma`) through every round, so a seeded sample does not depend on the rows
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -107,6 +116,11 @@ class _Row:
     def __init__(self, job: Job, gamma: int | None, side: Any = None):
         self.job = job
         self.side = side  # its own `DraftSide`, where its drafter drafts it (not batched)
+        #: the policy its draft tokens are drawn with: the job's, or beside p a fork of it (its own
+        #: generator, so the two threads never share one)
+        self.draft_policy = job.policy
+        #: beside p: its next block, drafted while p verified the last one (None: none usable)
+        self.ahead: DraftProposal | None = None
         self.gamma = gamma  # a fixed γ for every round (sampled rows), or None: the batch's
         self.draft_generated: list[int] = []
         self.seconds_target = 0.0
@@ -153,9 +167,11 @@ class Engine:
         if not own_sessions and not can_batch(pipe):
             name = pipe.names.get("scheduler", type(pipe.scheduler).__name__)
             raise UnsupportedError(
-                f"scheduler {name!r} with drafter {type(pipe.drafter).__name__} has no batched form; "
-                "batched decoding runs a schedule whose `batches` is True ('auto', 'serial', "
-                "'autoregressive') with the 'chain' drafter (or one with `rewrite_chain`)"
+                f"scheduler {name!r} with drafter {type(pipe.drafter).__name__} has no batched form: "
+                "rows decoded together draft chains (the 'chain' drafter, or one with `rewrite_chain`), "
+                "since a token tree's nodes would each need their own mask in the rows' shared cache; "
+                "use the 'chain' drafter, a schedule whose `batches` is True ('auto', 'serial', "
+                "'pearl', 'hippo', 'autoregressive'), or decode one request at a time"
             )
         self.pipe = pipe
         self.scheduler = pipe.scheduler if scheduler is None else scheduler
@@ -170,6 +186,9 @@ class Engine:
         #: drafts it on its own session (a job on its own sessions only)
         self.rewrite: Callable[[DraftProposal, int], DraftProposal] | None = None
         self.clock = _DraftClock()
+        #: q drafts each row's next block beside p (the parallel schedules: `Scheduler.batch_overlap`)
+        self.overlap = False
+        self._beside: _Beside | None = None  # its thread, made once
         self.rounds = 0
         #: rows the batch is expected to hold when it starts (`Scheduler.batch_gamma` is told)
         self.expected_rows = 1
@@ -214,13 +233,16 @@ class Engine:
         self.gamma = self.scheduler.batch_gamma(job, max(self.expected_rows, 1))
         self._plan_record = dict(job.stats.plan)
         self.plan = None
+        self.overlap = self.drafting and self.scheduler.batch_overlap(job)
         if isinstance(self.gamma, AutoGamma):
-            self.plan = self.gamma.plan(parallel=False, prior=getattr(job, "alpha_prior", None))
+            self.plan = self.gamma.plan(parallel=self.overlap, prior=getattr(job, "alpha_prior", None))
         self.rewrite = chain_rewrite(self.pipe.drafter) if self.drafting else None
+        if self.overlap and self._beside is None:
+            self._beside = _Beside(self.pipe.draft_adapter.device)
 
     @property
     def drafting(self) -> bool:
-        return self.plan is not None or (isinstance(self.gamma, int) and self.gamma > 0)
+        return isinstance(self.gamma, AutoGamma) or (isinstance(self.gamma, int) and self.gamma > 0)
 
     def _join(self, job: Job, target: KVSession, draft: KVSession | None) -> None:
         side = None
@@ -245,7 +267,10 @@ class Engine:
         if job.policy.do_sample and self.drafting and not self.own_sessions:
             # a seeded sample must not depend on the rows it shares its batch with
             gamma = self.sampled_gamma or (self.gamma if isinstance(self.gamma, int) else GAMMA_START)
-        self.rows.append(_Row(job, gamma, side))
+        row = _Row(job, gamma, side)
+        if self.overlap and job.policy.do_sample:  # q draws on its own thread: its own generator
+            row.draft_policy = job.policy.fork()
+        self.rows.append(row)
 
     def cancel(self, job: Job) -> bool:
         """Remove a live row now (its tokens so far stay on the job, which is finished); False when
@@ -285,6 +310,8 @@ class Engine:
             s.seconds_target_decode, s.seconds_draft_decode = row.seconds_target, row.seconds_draft
         if max(row.batch_sizes, default=1) > 1:
             s.notes.append(f"decoded in a batch of {max(row.batch_sizes)} rows at most")
+        if self.overlap:
+            s.notes.append("the draft drafted beside the target (pre-/post-verify)")
         if self.plan is not None:  # the batch's choices; the row's own α and target-only steps
             s.target_steps = row.target_steps
             record, own = self.plan.record(), self.plan.row_acceptance.get(id(s))
@@ -310,27 +337,41 @@ class Engine:
         proposals: list[DraftProposal | None] = [None] * len(rows)
         chains: list[list[int]] = [[] for _ in rows]  # each row's draft tokens, on the host
         if any(wanted):
-            t0, f0, clock = draft.seconds, draft.forwards, time.perf_counter()
-            if self.rewrite is not None:  # every row's chain, batched
-                drafted, chains = _draft(draft, rows, gammas, self.rewrite)
-            else:  # a job on its own sessions whose drafter has no batched form: it drafts itself
-                drafted = [row.side.propose(row.job.prefix(), g) for row, g in zip(rows, gammas)]
-                chains = [prop.tokens.tolist() for prop in drafted]
+            # beside p, a row whose last block was all accepted has its next one drafted already
+            # (post-verify); the others draft one token here and the rest beside p (pre-verify)
+            ready = [row.ahead if self.overlap and w else None for row, w in zip(rows, wanted)]
+            inline = [0 if r is not None else min(1, g) if self.overlap else g for r, g in zip(ready, gammas)]
+            drafted: list[DraftProposal] = [_EMPTY] * len(rows)
+            if any(inline):
+                drafted, chains = self._drafted(rows, inline)
+            for b, r in enumerate(ready):
+                if r is not None:
+                    drafted[b], chains[b] = _span(r, 0, gammas[b]), r.tokens[: gammas[b]].tolist()
             proposals = [p if w else None for p, w in zip(drafted, wanted)]
-            self.clock.add(draft.rows, draft.seconds - t0, draft.forwards - f0)
-            for row, prop, g in zip(rows, proposals, gammas):
-                row.seconds_draft += draft.seconds - t0
-                if prop is not None and self.rewrite is not None:  # (a drafter books its own)
-                    row.job.observe("draft", "draft", clock, pos=row.job.length, n=prop.size,
-                                    depth=prop.depth, gamma=g, stopped=False)  # fmt: skip
+        beside = None
+        if self.overlap and any(wanted):  # q drafts each row's next block while p verifies this one
+            bases = [row.job.tokens + chains[b] for b, row in enumerate(rows)]
+            more = [
+                min(w + 1, row.job.remaining - len(c)) if w else 0 for row, w, c in zip(rows, wanted, chains)
+            ]
+            beside = self._beside.start(lambda: self._drafted(rows, more, bases))
         for row, prop in zip(rows, proposals):
             row.batch_sizes.append(len(rows))
             if prop is None:
                 row.target_steps += 1
         t0 = target.seconds
-        _verify(target, rows, proposals, chains)
+        try:
+            _verify(target, rows, proposals, chains)
+        finally:
+            nxt = beside.result() if beside is not None else None  # never left running
         for row in rows:
             row.seconds_target += target.seconds - t0
+        for b, row in enumerate(rows):
+            row.ahead = None
+            if nxt is not None:  # usable where p accepted the whole block and took q's first guess next
+                prop, chain = nxt[0][b], nxt[1][b]
+                if prop.size > 1 and row.job.tokens == bases[b] + chain[:1]:
+                    row.ahead = _span(prop, 1, prop.size)
         self.rounds += 1
         done = [i for i, row in enumerate(rows) if row.job.done or row.error is not None]
         if done:
@@ -339,6 +380,27 @@ class Engine:
             if cache is not None:
                 cache.maybe_compact()
         return []
+
+    def _drafted(
+        self, rows: Sequence[_Row], gammas: Sequence[int], bases: Sequence[list[int]] | None = None
+    ) -> tuple[list[DraftProposal], list[list[int]]]:
+        """Each row's draft of `gammas[b]` tokens after its emitted tokens (or after `bases[b]`, the
+        tokens after the prompt it continues), booked on the draft's clock and the rows' timelines."""
+        draft, t0, f0, clock = self.draft, self.draft.seconds, self.draft.forwards, time.perf_counter()
+        if self.rewrite is not None:  # every row's chain, batched
+            policies = [row.draft_policy for row in rows]
+            drafted, chains = _draft(draft, rows, gammas, self.rewrite, bases, policies)
+        else:  # a job on its own sessions whose drafter has no batched form: it drafts itself
+            drafted = [row.side.propose(row.job.prefix(), g) for row, g in zip(rows, gammas)]
+            chains = [prop.tokens.tolist() for prop in drafted]
+        self.clock.add(draft.rows, draft.seconds - t0, draft.forwards - f0)
+        for b, (row, prop, g) in enumerate(zip(rows, drafted, gammas)):
+            row.seconds_draft += draft.seconds - t0
+            if g and self.rewrite is not None:  # (a drafter books its own)
+                pos = row.job.prompt_ids.shape[0] + len(row.job.tokens if bases is None else bases[b])
+                row.job.observe("draft", "draft", clock, pos=pos, n=prop.size, depth=prop.depth,
+                                gamma=g, stopped=False)  # fmt: skip
+        return drafted, chains
 
     def _planned(self) -> int:
         """The plan's γ for this round, for all live rows: the most expected tokens/s of the batch."""
@@ -381,11 +443,48 @@ def decode_alone(scheduler: Any, job: Job) -> None:
         raise job.error
 
 
+_EMPTY = DraftProposal(tokens=torch.zeros(0, dtype=torch.long))
+
+
+def _span(prop: DraftProposal, start: int, stop: int) -> DraftProposal:
+    """Tokens start..stop-1 of a chain, with their laws."""
+    q = None if prop.q is None else prop.q[start:stop]
+    return DraftProposal(tokens=prop.tokens[start:stop], q=q)
+
+
+class _Beside:
+    """The parallel schedules' producer in a batch: q drafts the rows' next blocks on a thread of
+    this process while p verifies this round's (on CUDA on a stream of its own, as the `inline`
+    executor's draft thread does)."""
+
+    def __init__(self, device: torch.device):
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hippo-batch-draft")
+        self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+
+    def start(self, fn: Callable[[], Any]) -> Future:
+        ready = None
+        if self.stream is not None:  # inputs made on the caller's stream are complete first
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.stream.device))
+        return self.pool.submit(self._run, fn, ready)
+
+    def _run(self, fn: Callable[[], Any], ready: Any) -> Any:
+        if self.stream is None:
+            return fn()
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(ready)
+            out = fn()
+        self.stream.synchronize()  # its tensors are read on the caller's stream
+        return out
+
+
 def _draft(
     draft: BatchedCache | SessionRow,
     rows: Sequence[_Row],
     gammas: Sequence[int],
     rewrite: Callable[[DraftProposal, int], DraftProposal],
+    bases: Sequence[list[int]] | None = None,  # the tokens after each row's prompt it continues
+    policies: Sequence[Any] | None = None,  # each row's draft policy (default: its job's)
 ) -> tuple[list[DraftProposal], list[list[int]]]:  # and each row's chain on the host
     """Each row's chain of `gammas[b]` draft tokens (0: none this round), batched as the `chain`
     drafter drafts one row: q first catches up on the tokens emitted since it last ran (rolling back
@@ -400,13 +499,14 @@ def _draft(
         if not gammas[b]:
             blocks.append([])
             continue
-        emitted = row.job.tokens
+        emitted = row.job.tokens if bases is None else bases[b]
         common = catch_up(row.draft_generated, emitted, logits_kept=False)  # the stack keeps no logits
         draft.rollback(b, draft.lengths[b] - (len(row.draft_generated) - common))
         del row.draft_generated[common:]
         blocks.append(emitted[common:])
         row.draft_generated.extend(blocks[b])
-    plain = [not (pol := row.job.policy).do_sample and not pol.processors for row in rows]
+    policies = [row.job.policy for row in rows] if policies is None else policies
+    plain = [not pol.do_sample and not pol.processors for pol in policies]
     steps = max(gammas, default=0)
     table = torch.zeros(B, max(steps, 1), dtype=torch.long, device=draft.device)  # [B, γ] the tokens
     made, fed = [0] * B, [0] * B  # tokens each row drafted, and fed back after the first forward
@@ -421,15 +521,16 @@ def _draft(
         last = logits[torch.arange(B), torch.tensor([max(w, 1) - 1 for w in widths])]  # [B, V_q]
         col = torch.zeros(B, dtype=torch.long, device=draft.device)  # [B] this step's tokens
         if any(plain):
-            col = rows[0].job.policy.fit(last).float().argmax(-1)  # no read: fed back as it is
+            col = policies[0].fit(last).float().argmax(-1)  # no read: fed back as it is
         for b, row in enumerate(rows):
             if not widths[b] or made[b] >= gammas[b] or row.error is not None:
                 widths[b] = 0
                 continue
             if not plain[b]:
-                seq = torch.cat([row.job.prefix(), torch.tensor(drawn[b], dtype=torch.long)])
+                base = row.job.tokens if bases is None else bases[b]
+                seq = torch.cat([row.job.prompt_ids, torch.tensor([*base, *drawn[b]], dtype=torch.long)])
                 try:
-                    x, q = row.job.policy.draft_token(seq, last[b])
+                    x, q = policies[b].draft_token(seq, last[b])
                 except Exception as exc:  # this row's own failure: it leaves after the round
                     row.error = exc
                     widths[b] = 0

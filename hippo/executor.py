@@ -97,5 +97,11 @@ class Executor(Component):
         finally:
             self.target_busy.append((t0, time.perf_counter()))
 
+    def overlaps(self, job: Job) -> bool:
+        """Whether this executor would run `job`'s draft beside its target (a thread, a process): a
+        batch of a parallel schedule then drafts its next block on a thread while p verifies this
+        one (`hippo.engine`). Default: False, one after the other."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Shut down workers (processes, streams)."""

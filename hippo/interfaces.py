@@ -375,6 +375,12 @@ class Scheduler(Component):
         record its choice on `job.stats.plan`. Only called when `batches` is True."""
         raise NotImplementedError(f"{type(self).__name__} has no batched form (batches = False)")
 
+    def batch_overlap(self, job: Job) -> bool:
+        """Whether a batch that `job` starts drafts beside the target (PEARL's pre-/post-verify, the
+        parallel schedules): q drafts each row's next block on a thread (a CUDA side stream) while p
+        verifies this one. Default: False, q and p take turns (`serial`)."""
+        return False
+
     def batch_done(self, job: Job) -> None:  # noqa: B027 - optional hook
         """Told when a row of a batch has finished (its stats are final), e.g. to learn its α."""
 

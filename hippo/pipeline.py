@@ -129,9 +129,10 @@ class Pipeline:
         each what `generate` returns for that row alone. `inputs`: one processor output per row (each
         of batch size 1), or one padded batch that the target's adapter cuts into rows
         (`Adapter.batch_items`); `seeds`: one per row; `per_row`: one dict of generation settings per
-        row, over `generation_kwargs`. Runs the `auto` (default), `serial` (γ fixed or "auto") or
-        `autoregressive` schedule; others raise UnsupportedError (`generate` decodes their rows one
-        after another)."""
+        row, over `generation_kwargs`. Runs every schedule with a batched form (`auto`, the default;
+        `serial`; `pearl` and `hippo`, whose draft drafts each row's next block beside the target;
+        `autoregressive`) with the `chain` drafter; others raise UnsupportedError (`generate` decodes
+        their rows one after another)."""
         inputs = self._rows(inputs)[0]
         for x in inputs:
             self._check_inputs(x)

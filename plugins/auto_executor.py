@@ -85,6 +85,12 @@ class AutoExecutor(Executor):
         self.executors: dict[str, Executor] = {}  # by name, built on first choice
         self.chosen: Executor | None = None  # the current job's
 
+    def overlaps(self, job: DecodeJob) -> bool:
+        name, options = choose(job, self.config.cores or usable_cores())
+        if name == "process":
+            return True
+        return lookup("executors", name).from_options(**options).overlaps(job)
+
     def open(self, job: DecodeJob) -> DraftWorker:
         name, options = choose(job, self.config.cores or usable_cores())
         if name not in self.executors:

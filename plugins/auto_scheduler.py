@@ -46,10 +46,11 @@ The chosen drafting schedule runs with `gamma="auto"` on the cached curve, so it
 each round, γ = 0 (the target alone) included. `Stats.plan` records the choice and each option's
 prediction.
 
-A batch (`Pipeline.generate_batch`, `Pipeline.map`, `hippo batch`) runs `serial` with γ re-chosen each
-round for all its rows on t_verify(B, k) measured on the batch (`batch_gamma`), or the target alone
-where even an always-right draft loses: the parallel schedules have no batched form. A batch's rows
-keep the selector's own ratio.
+A batch (`Pipeline.generate_batch`, `Pipeline.map`, `hippo batch`, `hippo serve`) is planned the same
+way, with γ re-chosen each round for all its rows on t_verify(B, k) measured on the batch
+(`batch_gamma`): `serial`, or `pearl`/`hippo` where the draft can work beside the target (the batch's
+draft then drafts each row's next block on a thread while the target verifies), or the target alone.
+A batch's rows keep the selector's own ratio.
 """
 
 from __future__ import annotations
@@ -352,6 +353,7 @@ class AutoScheduler(Scheduler):
         self.answers: deque[int] = deque(maxlen=LIVE_POINTS)
         self._schedulers: dict[str, Scheduler] = {}
         self._batches: AutoGamma | None = None
+        self._batch_parallel = False  # the batch now starting drafts beside the target
         self.drafted_jobs = 0  # jobs (and batch rows) with a drafted round: α is seen, not a prior
         self.skip = 0  # jobs left to run the target alone before the draft's next probe
         self.probe_due = False  # the next job that would lose drafts anyway, once `skip` is 0
@@ -380,10 +382,9 @@ class AutoScheduler(Scheduler):
         return self._schedulers[name]
 
     def choose(self, job: DecodeJob, batch: int = 0) -> tuple[str, dict[str, Any]]:
-        """(schedule, the record of why) for this job, or for a batch of `batch` rows led by it (the
-        parallel schedules have no batched form: q and p take turns)."""
+        """(schedule, the record of why) for this job, or for a batch of `batch` rows led by it."""
         costs, g = self._costs(job), self.config.gamma_max
-        overlap = not batch and choose_executor(job, usable_cores()) != ("inline", {"overlap": "off"})
+        overlap = choose_executor(job, usable_cores()) != ("inline", {"overlap": "off"})
         keep = None if batch else self._keep(job, costs, overlap)
         alpha = self.acceptance.alpha if keep is None else keep["alpha"]
         t_draft = None if keep is None else keep["t_draft"]
@@ -539,15 +540,20 @@ class AutoScheduler(Scheduler):
     batches = True
 
     def batch_gamma(self, job: DecodeJob, rows: int) -> int | AutoGamma:
-        """A batch (`hippo.engine`) runs `serial` with γ re-chosen each round for all its live rows
-        (`hippo.cost`: t_verify(B, k) measured on the batch), or the target alone where even a draft
-        that is always right would lose; chosen by `choose` (on this machine's one-row costs, at the
-        α of this pipeline's earlier jobs) and recorded on `job.stats.plan`."""
+        """A batch (`hippo.engine`) runs the drafting schedule `choose` picks (serial, or pearl/hippo
+        beside the target) with γ re-chosen each round for all its live rows (`hippo.cost`:
+        t_verify(B, k) measured on the batch), or the target alone; chosen on this machine's one-row
+        costs at the α of this pipeline's earlier jobs, and recorded on `job.stats.plan`."""
         name, record = self.choose(job, batch=rows)
         name = self._no_regret(name, record)
         job.stats.plan.update(record)
         job.alpha_prior = self.acceptance.alpha
+        self._batch_parallel = name in ("pearl", "hippo")
         return 0 if name == "autoregressive" else self._batch_gamma()
+
+    def batch_overlap(self, job: DecodeJob) -> bool:
+        """Beside the target where the batch's schedule (`batch_gamma`'s choice) is pearl or hippo."""
+        return self._batch_parallel
 
     def batch_done(self, job: DecodeJob) -> None:
         self._carry(job)

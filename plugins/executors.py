@@ -169,6 +169,9 @@ class InlineExecutor(Executor):
     class Config:
         overlap: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "off", "thread")))
 
+    def overlaps(self, job: DecodeJob) -> bool:
+        return self.threaded(job)
+
     def threaded(self, job: DecodeJob) -> bool:
         p = job.pipeline
         if self.config.overlap == "off" or p.draft_adapter.model is p.target_adapter.model:

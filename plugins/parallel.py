@@ -202,6 +202,18 @@ class ParallelScheduler(Scheduler):
             job.stats.seconds_draft_overlapped += worker.seconds_overlapped
             worker.close()
 
+    # ---- rows decoded together (`hippo.engine`) ------------------------------------------------
+    batches = True
+
+    def batch_gamma(self, job: DecodeJob, rows: int) -> int | AutoGamma:
+        """A batch drafts as one job does: γ fixed, or re-chosen each round for all live rows."""
+        return self.config.gamma if self.auto is None else self.auto
+
+    def batch_overlap(self, job: DecodeJob) -> bool:
+        """Beside p where this schedule's executor would run the draft beside p for `job` (on a
+        thread of this process in a batch: the batch's draft rows live here)."""
+        return self.executor.overlaps(job)
+
     def close(self) -> None:
         self.executor.close()
 

@@ -296,6 +296,9 @@ class ProcessExecutor(Executor):
         #: video contexts whose draft encoding the draft process keeps (least recently used dropped)
         contexts: int = attrs.field(default=4, validator=positive_int)
 
+    def overlaps(self, job: DecodeJob) -> bool:
+        return True
+
     def __init__(self, config=None):
         super().__init__(config)
         self._dp: _DraftProcess | None = None
