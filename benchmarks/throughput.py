@@ -1,5 +1,6 @@
 """Throughput at batch 1, 2, 4: HF `generate` (batched, left-padded), hippo's batched target alone,
-hippo's batched serial speculative decoding (fixed γ) and the default pipeline batched (`auto`:
+hippo's batched serial speculative decoding (fixed γ), `pearl` batched (its draft drafting each row's
+next block on a thread beside the target) and the default pipeline batched (`auto`:
 serial with γ re-chosen each round for the whole batch, or the target alone), side by side in one
 run, on the narration pair; each repeat times every method once, in an order rotated by one each
 repeat, so the machine's drift falls on all of them alike. `auto` is reported against the fixed
@@ -47,6 +48,12 @@ HIPPO_ROWS: list[tuple[str, str, dict, dict | None]] = [
         "auto",
         {},
         {"scorer": "holistic", "selector": "topk", "selector_options": {"keep_ratio": 0.1}},
+    ),
+    (
+        "hippo batched pearl, draft on a thread, default parts",
+        "pearl",
+        {"gamma": 5, "executor": "inline", "executor_options": {"overlap": "thread"}},
+        None,
     ),
     ("hippo batched serial SD, full video", "serial", {"gamma": 5}, {}),
     (

@@ -119,8 +119,9 @@ class _Row:
         #: the policy its draft tokens are drawn with: the job's, or beside p a fork of it (its own
         #: generator, so the two threads never share one)
         self.draft_policy = job.policy
-        #: beside p: its next block, drafted while p verified the last one (None: none usable)
-        self.ahead: DraftProposal | None = None
+        #: beside p: its next block, drafted while p verified the last one, and its tokens on the
+        #: host (None: none usable)
+        self.ahead: tuple[DraftProposal, list[int]] | None = None
         self.gamma = gamma  # a fixed γ for every round (sampled rows), or None: the batch's
         self.draft_generated: list[int] = []
         self.seconds_target = 0.0
@@ -346,7 +347,7 @@ class Engine:
                 drafted, chains = self._drafted(rows, inline)
             for b, r in enumerate(ready):
                 if r is not None:
-                    drafted[b], chains[b] = _span(r, 0, gammas[b]), r.tokens[: gammas[b]].tolist()
+                    drafted[b], chains[b] = _span(r[0], 0, gammas[b]), r[1][: gammas[b]]
             proposals = [p if w else None for p, w in zip(drafted, wanted)]
         beside = None
         if self.overlap and any(wanted):  # q drafts each row's next block while p verifies this one
@@ -371,7 +372,7 @@ class Engine:
             if nxt is not None:  # usable where p accepted the whole block and took q's first guess next
                 prop, chain = nxt[0][b], nxt[1][b]
                 if prop.size > 1 and row.job.tokens == bases[b] + chain[:1]:
-                    row.ahead = _span(prop, 1, prop.size)
+                    row.ahead = (_span(prop, 1, prop.size), chain[1:])
         self.rounds += 1
         done = [i for i, row in enumerate(rows) if row.job.done or row.error is not None]
         if done:

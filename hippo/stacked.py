@@ -254,7 +254,8 @@ class BatchedCache:
             B, H, _, D = layer.keys.shape
             g = order.to(layer.keys.device)[:, None, :, None].expand(B, H, keep, D)
             layer.keys, layer.values = layer.keys.gather(2, g), layer.values.gather(2, g)
-        self.slots = [rank[b, s].tolist() for b, s in enumerate(self.slots)]
+        ranks = rank.tolist()  # one read for every row
+        self.slots = [[ranks[b][i] for i in s] for b, s in enumerate(self.slots)]
         self.valid = torch.arange(keep)[None] < counts[:, None]  # [B, keep]
 
 

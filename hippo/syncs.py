@@ -11,6 +11,7 @@ syncs are the backbone's, not the round's): any `nn.Module`'s forward pauses the
 
 from __future__ import annotations
 
+import threading
 import traceback
 from collections import Counter
 from typing import Any
@@ -40,9 +41,14 @@ class HostReads(TorchDispatchMode):
         self.kinds: Counter[str] = Counter()
         #: with `where=True`: reads by the innermost hippo line that made them ("path:line function")
         self.sites: Counter[str] | None = Counter() if where else None
-        self.paused = 0
+        self._local = threading.local()  # a forward pauses the count in its own thread only
         self._hooks: list[Any] = []
         self._tolist = None
+
+    @property
+    def paused(self) -> int:
+        """Module forwards this thread is inside (> 0: its reads are the backbone's, not counted)."""
+        return getattr(self._local, "depth", 0)
 
     @property
     def count(self) -> int:
@@ -71,10 +77,10 @@ class HostReads(TorchDispatchMode):
             return tolist(t)
 
         def pause(*_: Any) -> None:
-            reads.paused += 1
+            reads._local.depth = reads.paused + 1
 
         def resume(*_: Any) -> None:
-            reads.paused -= 1
+            reads._local.depth = reads.paused - 1
 
         self._tolist, torch.Tensor.tolist = tolist, counted
         modules = torch.nn.modules.module

@@ -89,3 +89,23 @@ def test_the_counter_sees_each_kind_of_read():
         t[t > 2]
         t.argmax()  # stays on the device: not a read
     assert reads.kinds == {"tolist": 1, "item/bool/int": 2, "equal": 1, "nonzero": 1, "boolean index": 1}
+
+
+def test_a_parallel_batch_reads_the_host_once_more_per_round(setup, monkeypatch):
+    """`pearl` batched, its draft on a thread beside the target: the continuation's token table is one
+    more read per round (the draft thread's reads counted too: it runs no mode of its own, but its
+    `tolist` is the same wrapped method)."""
+    import copy
+
+    from hippo.testing.reference import build_pipeline
+
+    pipe, prompts = setup
+    thread = {"executor": "inline", "executor_options": {"overlap": "thread"}}
+    pearl = build_pipeline(
+        pipe.target, copy.deepcopy(pipe.target), scheduler="pearl", gamma=4, executor=thread
+    )
+    two, _ = per_round(pearl, prompts[:2], monkeypatch)
+    eight, sites = per_round(pearl, prompts, monkeypatch)
+    assert eight <= BATCH_READS + 1, sites
+    assert eight <= two + 1.0, (two, eight, sites)
+    pearl.close()
