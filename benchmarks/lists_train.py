@@ -1,7 +1,7 @@
 """Train the long-video pair on needle lists (`hippo.cli.pair.lists`): both models from the niah pair.
 
     python -m hippo.benchmarks.lists_train --role target --steps 600 --out /tmp/lists   # one model
-    python -m hippo.benchmarks.lists_train --role target --resume --out /tmp/lists      # continue
+    python -m hippo.benchmarks.lists_train --role target --resume --seed 1 --out /tmp/lists   # continue
 
 Each model starts from the committed long-video pair's model of its role (`benchmarks/pair_niah/`),
 whose language model already learned to look up the needles of a haystack clip one by one, and
@@ -59,7 +59,12 @@ def main(argv=None) -> None:
     p.add_argument("--role", choices=["target", "draft"], required=True)
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the clips are a function of (seed, step): a new one for each --resume",
+    )
     p.add_argument("--out", type=Path, required=True)
     p.add_argument(
         "--init", type=Path, default=None, help="start from this checkpoint (default: the niah pair's)"
