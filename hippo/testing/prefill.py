@@ -27,6 +27,12 @@ only (the sessions shared above), and only while the thread that opened the bloc
 race between threads is not a function of the history, so from the first session operation on
 another thread (a draft on its own thread) every forward of the block runs again. A draft in a child
 process (the process executor) has sessions of its own there; the target's are replayed.
+
+`shared_prefill(pipe, replay=True, turns=True)` does the same for a conversation's later turn asked
+again and again on one video context (`hippo.context.Turn`): the turn's encoding and p's session
+extended by the question are computed once per (context, question), every ask getting a fork of
+that session (q's prefill on the shared encoding is then shared as above), and their forwards are
+replayed by history.
 """
 
 from __future__ import annotations
@@ -233,12 +239,49 @@ class _Memo:
 
 
 @contextmanager
-def shared_prefill(pipe: Any, replay: bool = False) -> Iterator[list[_Memo]]:
+def _shared_turns(owner: _Owner) -> Iterator[None]:
+    """Within the block, `Turn`s with the same context and question share their encoding and p's
+    extended session (a fork of it each, replayed by history); with a scorer p's runs every time."""
+    from hippo.context import Turn
+
+    own_encoded, own_prefill = Turn.target_encoded, Turn.prefill_target
+    encodings: dict[tuple, tuple[Any, Any]] = {}  # (context id, question) -> (context, Encoded)
+    sessions: dict[tuple, tuple[Any, Any, Replay]] = {}  # ... -> (context, its session, Replay)
+
+    def key(turn: Any) -> tuple:
+        return (id(turn.ctx), tuple(turn.question.tolist()))
+
+    def target_encoded(turn: Any) -> Any:
+        if turn._target is None:
+            hit = encodings.get(key(turn))
+            if hit is None:
+                hit = encodings[key(turn)] = (turn.ctx, own_encoded(turn))  # holds ctx: its id stays
+            turn._target = hit[1]
+        return turn._target
+
+    def prefill_target(turn: Any, scorer: Any) -> Any:
+        if scorer is not None:  # the scorer reads p's prefill
+            return own_prefill(turn, scorer)
+        hit = sessions.get(key(turn))
+        if hit is None:
+            hit = sessions[key(turn)] = (turn.ctx, own_prefill(turn, scorer), Replay(owner))
+        return hit[2].attach(fork_session(hit[1]))
+
+    Turn.target_encoded, Turn.prefill_target = target_encoded, prefill_target
+    try:
+        yield
+    finally:
+        Turn.target_encoded, Turn.prefill_target = own_encoded, own_prefill
+
+
+@contextmanager
+def shared_prefill(pipe: Any, replay: bool = False, turns: bool = False) -> Iterator[list[_Memo]]:
     """Within the block, `pipe`'s target and draft adapters encode and prefill each prompt once
     (see the module docstring); yields the memos (`hits`: the prefills shared). With a scorer, p's
     prefill runs every time (the scorer reads it) and only the encodings and q's prefill are shared.
     `replay`: the sessions forked from a shared prefill also share their forwards by history
-    (`Replay`; each memo's `replays`), for a pipeline whose sessions one thread drives."""
+    (`Replay`; each memo's `replays`), while this thread alone drives them. `turns` (with `replay`):
+    so do a video context's later turns (`hippo.context.Turn`)."""
     memos: list[_Memo] = []
     owner = _Owner() if replay else None
     scored = getattr(pipe, "scorer", None) is not None
@@ -256,7 +299,11 @@ def shared_prefill(pipe: Any, replay: bool = False) -> Iterator[list[_Memo]]:
     for m in memos:
         m.install()
     try:
-        yield memos
+        if turns and owner is not None:
+            with _shared_turns(owner):
+                yield memos
+        else:
+            yield memos
     finally:
         for m in memos:
             m.remove()

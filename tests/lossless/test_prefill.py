@@ -97,3 +97,29 @@ def test_replayed_forwards_draw_what_fresh_runs_draw():
             assert a.stats.accepted_per_round == b.stats.accepted_per_round, cfg
             assert a.stats.drafted_per_round == b.stats.drafted_per_round, cfg
         assert hits > 4 * misses, (cfg, hits, misses)
+
+
+def test_a_later_turn_replayed_draws_what_it_draws_fresh():
+    """`shared_prefill(replay=True, turns=True)` on a conversation's turn 2 asked again and again from
+    one context (`second_turn_check`'s runs): seed by seed the same tokens and rounds as fresh asks,
+    q's prefill shared and p's forwards replayed."""
+    from hippo.context import Turn
+    from hippo.testing import sampling as hs
+
+    case, answer, second, question, gen = hs._second_turn_setup(None)
+    own = Turn.target_encoded, Turn.prefill_target
+    with corrupting_plugin() as corrupting:
+        pipe = hs._second_turn_pipeline(case, corrupting, None, None, None)
+        try:
+            run = hs._second_turn_run(
+                hs._second_turn_conversation(pipe, case, answer, None, ""), question, second, gen
+            )
+            fresh = [run(s) for s in range(30)]
+            with shared_prefill(pipe, replay=True, turns=True) as memos:
+                replayed = [run(s) for s in range(30)]
+        finally:
+            pipe.close()
+    assert (Turn.target_encoded, Turn.prefill_target) == own  # restored
+    assert memos[0].hits >= 29 and memos[0].replays[0].hits > 4 * memos[0].replays[0].misses
+    for (a, sa), (b, sb) in zip(fresh, replayed, strict=True):
+        assert a == b and sa.accepted_per_round == sb.accepted_per_round
