@@ -213,6 +213,8 @@ class _Memo:
         return encoded
 
     def memo_prefill(self, encoded: Any, keep: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
+        if self.replay is not None:
+            self.replay.alone()  # a prefill on another thread turns the replay off too
         if args or kwargs or not self.share:  # a call this memo does not know: the adapter's own
             return self.prefill(encoded, keep, *args, **kwargs)
         key = (id(encoded), None if keep is None else tuple(keep.tolist()))
