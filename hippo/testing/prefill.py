@@ -134,23 +134,25 @@ class _Replaying:
         self.replay.hits += 1
         return logits.clone()
 
-    def forward(self, tokens: torch.Tensor | Any) -> torch.Tensor:  # [k] -> [k, V]
+    def forward(self, tokens: torch.Tensor | Any, record: bool = True) -> torch.Tensor:  # [k] -> [k, V]
+        """`KVSession.forward`, replayed (`record=False`: the tokens are not added to `generated`)."""
         s = self.session
         if not self.replay.owner.alone() or (
             isinstance(tokens, torch.Tensor) and tokens.device.type != "cpu"
         ):
-            return KVSession.forward(s, tokens)
+            return KVSession.forward(s, tokens, record=record)
         host = tokens.reshape(-1).tolist() if isinstance(tokens, torch.Tensor) else [int(t) for t in tokens]
         op = ("forward", s.length, *host)
         key, hit = self._lookup(op)
         if hit is None:
             t0 = s.seconds_decode
-            logits = KVSession.forward(s, tokens)
+            logits = KVSession.forward(s, tokens, record=record)
             self._store(key, logits, s.seconds_decode - t0)
         else:
             logits = self._replayed(hit, len(host))
             s.length += len(host)
-            s.generated.extend(host)
+            if record:
+                s.generated.extend(host)
             s.last_logits = logits[-1]
         self.history = key
         return logits
