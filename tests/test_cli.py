@@ -326,7 +326,9 @@ def test_console_script_error_contract() -> None:
 
 
 def test_ci_and_tox_run_the_readme_test_command() -> None:
-    """.ci/run's pytest line is literally the README's; tox runs the same pytest with the same profile."""
+    """.ci/run's first pytest line is literally the README's, its second the matrix tier (pytest's exit
+    status 5, no tests collected, fails the job under `set -e`); tox runs the same pytest with the
+    same profile."""
     root = Path(__file__).parents[1]
     readme = (root / "README.md").read_text()
     line = next(
@@ -339,8 +341,9 @@ def test_ci_and_tox_run_the_readme_test_command() -> None:
     ci = (root / ".ci" / "run").read_text().splitlines()
     assert "set -euo pipefail" in ci
     runs = [ln for ln in ci if "pytest" in ln and not ln.startswith("#")]
-    assert runs[0] == command  # the fast tier: the README's command; then hippo eval's tests
-    assert runs[1:] == ['HYPOTHESIS_PROFILE=ci "$eval_env/bin/python" -m pytest -q -n 0 tests/test_eval.py']
+    assert runs[0] == command  # the fast tier: the README's command; then the matrix tier, hippo eval's tests
+    assert runs[1] == f"{command} -m matrix"
+    assert runs[2:] == ['HYPOTHESIS_PROFILE=ci "$eval_env/bin/python" -m pytest -q -n 0 tests/test_eval.py']
     tox = (root / "tox.ini").read_text()
     assert "HYPOTHESIS_PROFILE = ci" in tox and "commands = python -m pytest -q {posargs}" in tox
 

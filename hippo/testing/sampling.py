@@ -326,7 +326,9 @@ def assert_sampling_exact(
         # asked before the check closes the pipeline (close() drops its adapters)
         drafts = getattr(pipe, "draft_adapter", None) is not None
         try:
-            with shared_prefill(pipe):
+            # one prefill for the N runs, and their forwards replayed by history while this thread
+            # alone drives the sessions (`hippo.testing.prefill`): every draw still runs in every run
+            with shared_prefill(pipe, replay=True):
                 for run in range(n):
                     out = pipe.generate(case.inputs, seed=seed + run, **gen)
                     failure = check.add(out.sequences[0, L:].cpu().tolist(), out.stats)
@@ -867,10 +869,14 @@ def second_turn_check(
             run = _second_turn_run(
                 _second_turn_conversation(pipe, case, answer, res, reproduce), question, second, gen
             )
-            for i in range(check.runs):
-                tokens, stats = run(seed + i)
-                failure = check.add(tokens, stats)
-                if failure is not None:
+            # the turn's encoding, p's extension by the question and q's prefill shared by the runs,
+            # their forwards replayed by history (`hippo.testing.prefill`)
+            with shared_prefill(pipe, replay=True, turns=True):
+                for i in range(check.runs):
+                    tokens, stats = run(seed + i)
+                    failure = check.add(tokens, stats)
+                    if failure is None:
+                        continue
                     report = Report(
                         check="sampling",
                         summary=f"turn 2, seeds {seed}..{seed + i}: {failure}",

@@ -621,7 +621,8 @@ def test_switching_samples_the_target_law(scheduler):
     with corrupting_plugin():
         pipe = case.builder(scheduler, costs=SWITCHY).build()  # hippo: the inline executor
         try:
-            with shared_prefill(pipe):  # one prefill for all runs (hippo.testing.prefill)
+            # one prefill for all runs, their forwards replayed by history (hippo.testing.prefill)
+            with shared_prefill(pipe, replay=True):
                 for run in range(check.runs):
                     out = pipe.generate(case.inputs, seed=run, **gen)
                     failure = check.add(hr.new_tokens(out.sequences, case.prompt.length), out.stats)
