@@ -234,12 +234,13 @@ class Engine:
         self.gamma = self.scheduler.batch_gamma(job, max(self.expected_rows, 1))
         self._plan_record = dict(job.stats.plan)
         self.plan = None
-        self.overlap = self.drafting and self.scheduler.batch_overlap(job)
+        mode = self.drafting and self.scheduler.batch_overlap(job)
+        self.overlap = bool(mode)
         if isinstance(self.gamma, AutoGamma):
             self.plan = self.gamma.plan(parallel=self.overlap, prior=getattr(job, "alpha_prior", None))
         self.rewrite = chain_rewrite(self.pipe.drafter) if self.drafting else None
-        if self.overlap and self._beside is None:
-            self._beside = _Beside(self.pipe.draft_adapter.device)
+        if self.overlap and (self._beside is None or self._beside.threaded != (mode != "inline")):
+            self._beside = _Beside(self.pipe.draft_adapter.device, threaded=mode != "inline")
 
     @property
     def drafting(self) -> bool:
@@ -456,13 +457,24 @@ def _span(prop: DraftProposal, start: int, stop: int) -> DraftProposal:
 class _Beside:
     """The parallel schedules' producer in a batch: q drafts the rows' next blocks on a thread of
     this process while p verifies this round's (on CUDA on a stream of its own, as the `inline`
-    executor's draft thread does)."""
+    executor's draft thread does); `threaded=False` drafts the same blocks in the caller's thread,
+    before p verifies (a simulated overlap: the same tokens and draws)."""
 
-    def __init__(self, device: torch.device):
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hippo-batch-draft")
-        self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+    def __init__(self, device: torch.device, threaded: bool = True):
+        self.threaded = threaded
+        self.pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="hippo-batch-draft") if threaded else None
+        )
+        self.stream = torch.cuda.Stream(device=device) if threaded and device.type == "cuda" else None
 
     def start(self, fn: Callable[[], Any]) -> Future:
+        if self.pool is None:
+            done: Future = Future()
+            try:
+                done.set_result(fn())
+            except Exception as exc:  # surfaces at `result()`, as a thread's would
+                done.set_exception(exc)
+            return done
         ready = None
         if self.stream is not None:  # inputs made on the caller's stream are complete first
             ready = torch.cuda.Event()

@@ -97,10 +97,11 @@ class Executor(Component):
         finally:
             self.target_busy.append((t0, time.perf_counter()))
 
-    def overlaps(self, job: Job) -> bool:
+    def overlaps(self, job: Job) -> bool | str:
         """Whether this executor would run `job`'s draft beside its target (a thread, a process): a
         batch of a parallel schedule then drafts its next block on a thread while p verifies this
-        one (`hippo.engine`). Default: False, one after the other."""
+        one (`hippo.engine`); "inline": the same blocks, drafted in the caller's thread (an
+        executor whose overlap is simulated). Default: False, one after the other."""
         return False
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -375,10 +375,12 @@ class Scheduler(Component):
         record its choice on `job.stats.plan`. Only called when `batches` is True."""
         raise NotImplementedError(f"{type(self).__name__} has no batched form (batches = False)")
 
-    def batch_overlap(self, job: Job) -> bool:
+    def batch_overlap(self, job: Job) -> bool | str:
         """Whether a batch that `job` starts drafts beside the target (PEARL's pre-/post-verify, the
-        parallel schedules): q drafts each row's next block on a thread (a CUDA side stream) while p
-        verifies this one. Default: False, q and p take turns (`serial`)."""
+        parallel schedules): True, q drafts each row's next block on a thread (a CUDA side stream)
+        while p verifies this one; "inline", the same blocks drafted in the engine's thread before
+        p verifies (same tokens, no overlap: for simulated executors and tests). Default: False, q
+        and p take turns (`serial`)."""
         return False
 
     def batch_done(self, job: Job) -> None:  # noqa: B027 - optional hook

@@ -259,6 +259,11 @@ class SimulatedExecutor(Executor):
         super().__init__(config)
         self.clock = VirtualClock()
 
+    def overlaps(self, job: DecodeJob) -> str:
+        """Beside the target on the virtual clock only: a batch drafts its next blocks in the
+        caller's thread ("inline"), the same blocks a draft thread would draft."""
+        return "inline"
+
     def open(self, job: DecodeJob) -> DraftWorker:
         self.clock = VirtualClock()
         return SimulatedDraftWorker(job, self.config, self.clock)

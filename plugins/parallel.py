@@ -209,7 +209,7 @@ class ParallelScheduler(Scheduler):
         """A batch drafts as one job does: γ fixed, or re-chosen each round for all live rows."""
         return self.config.gamma if self.auto is None else self.auto
 
-    def batch_overlap(self, job: DecodeJob) -> bool:
+    def batch_overlap(self, job: DecodeJob) -> bool | str:
         """Beside p where this schedule's executor would run the draft beside p for `job` (on a
         thread of this process in a batch: the batch's draft rows live here)."""
         return self.executor.overlaps(job)

@@ -203,15 +203,45 @@ def test_parallel_schedules_batch_rows_equal_their_own_generate(adapter, corrupt
     check()
 
 
-#: `pearl` batched with its draft beside the target (a flattened twin of the target, so that it may
-#: run on a thread and is often rejected), γ = 3, the third draft position corrupted: the
+#: `pearl` batched with its draft beside the target (a flattened twin of the target, often rejected),
+#: on the simulated executor (the draft thread's blocks, drafted in the engine's thread: the same
+#: tokens and draws, `test_a_parallel_batch_draws_the_same_on_a_thread`), γ = 3, the third draft
+#: position corrupted: the
 #: continuation q drafts beside p is corrupted at its third token, so a post-verify block is
 #: accepted in part; 6 new tokens (the first post-verify block comes at the third round), and a
 #: temperature that keeps the law peaked enough for power 0.95 within the run budget
 PARALLEL_BATCH_LAW = {
-    "scheduler": "pearl", "batch": True, "executor": "thread", "draft": "flat", "gamma": 3,
+    "scheduler": "pearl", "batch": True, "executor": "simulated", "draft": "flat", "gamma": 3,
     "corrupt": (False, False, True), "temperature": 0.006, "top_k": 2, "keep_ratio": 0.25, "new_tokens": 6,
 }  # fmt: skip
+
+
+def test_a_parallel_batch_draws_the_same_on_a_thread(corrupting_drafter):
+    """A sampled `pearl` batch drafts the same blocks, and so draws the same tokens seed by seed,
+    whether its draft drafts on a thread beside the target or in the engine's thread (the simulated
+    executor's overlap, which the law check below runs)."""
+    import copy
+
+    target = hm.tiny("qwen2_5_vl", "target")
+    draft = copy.deepcopy(target)
+    prompts = [hm.Prompt.default("qwen2_5_vl", target, frames=f).inputs for f in (1, 2)]
+    gen = {"do_sample": True, "max_new_tokens": 10, "top_k": 3, "temperature": 0.5}
+    outs = {}
+    for name, executor in (("thread", THREAD), ("inline", {"executor": "simulated"})):
+        pipe = hr.build_pipeline(
+            target, draft, scheduler="pearl", gamma=3, executor=executor,
+            drafter=corrupting_drafter, drafter_options={"wrong": (0, 0, 1)},
+        )  # fmt: skip
+        outs[name] = [pipe.generate_batch(prompts, seeds=[s, s + 1], **gen) for s in range(4)]
+        pipe.close()
+    post = 0
+    for a, b in zip(outs["thread"], outs["inline"]):
+        for x, y in zip(a, b):
+            assert torch.equal(x.sequences, y.sequences)
+            assert x.stats.accepted_per_round == y.stats.accepted_per_round
+            assert any("beside the target" in n for n in x.stats.notes + y.stats.notes)
+            post += sum(d > 1 for d in x.stats.drafted_per_round)
+    assert post, "no post-verify block was drafted beside the target"
 
 
 @pytest.mark.matrix
