@@ -155,3 +155,65 @@ def long_projection(method: str, asks: list[dict], n: int, keep_ratio: float) ->
         }
     )
     return out
+
+
+# ---- batches: a decode step of B rows on the paper's hardware ----------------------------------
+#
+# A decode or verification forward of B rows reads the weights once and each row's KV cache: on the
+# paper's hardware (bandwidth-bound) it costs Table 2's forward scaled by (W + B c) / (W + c), c one
+# row's KV at Table 2's context (N0 visual tokens, both ends of `PAPER_N`); the draft's likewise,
+# its KV at a 10% keep. Compute stays under the bandwidth bound for B (γ+1) ≤ 8 x 17 tokens on an
+# H200 (989 TFLOP/s bf16 against 4.8 TB/s: about 200 FLOP per byte read; a 72B forward of B k tokens
+# does 2 x 72e9 x B k FLOP over 144e9 bytes, B k FLOP per byte).
+
+
+def batch_forwards(rows: int, n0: int) -> tuple[float, float]:
+    """(target, draft) seconds of one forward of `rows` rows on the paper's hardware at n0 tokens."""
+    c_t, c_d = TARGET_KV_BYTES * n0, DRAFT_KV_BYTES * 0.1 * n0
+    t = COSTS["target_forward"] * (TARGET_WEIGHT_BYTES + rows * c_t) / (TARGET_WEIGHT_BYTES + c_t)
+    d = COSTS["draft_forward"] * (DRAFT_WEIGHT_BYTES + rows * c_d) / (DRAFT_WEIGHT_BYTES + c_d)
+    return t, d
+
+
+def batch_rounds(outs: list[Any]) -> tuple[list[int], int]:
+    """A batch's rounds from its rows' stats (rows that started together): the draft tokens of each
+    verification round (the most any row drafted in it), and the target-only steps (the most of any
+    row); a target-alone batch has one step per new token of its longest row."""
+    stats = [o.stats for o in outs]
+    longest = max((len(s.drafted_per_round) for s in stats), default=0)
+    drafted = [
+        max(s.drafted_per_round[r] for s in stats if r < len(s.drafted_per_round)) for r in range(longest)
+    ]
+    steps = max(((s.target_steps or 0) for s in stats), default=0)
+    if not longest:  # the target alone: every token after the first is one step
+        steps = max(s.new_tokens for s in stats) - 1
+    return drafted, steps
+
+
+def batch_decode_projection(outs: list[Any], parallel: bool) -> dict[str, Any]:
+    """The decode phase (after every row's first token) of a batch on the paper's hardware, charged
+    with the batch's measured rounds (`batch_rounds`) at `batch_forwards`' costs: a serial round is
+    its γ draft forwards then one verification; a parallel one (`pearl`/`hippo`, q on its own GPUs)
+    the longer of the verification and q's next block of γ+1 tokens, plus one draft forward before
+    it where q drafted one token first (pre-verify). Tokens/s, and the speedup over the target alone
+    on the same rows (one step per token), at both ends of `PAPER_N`."""
+    drafted, steps = batch_rounds(outs)
+    rows = len(outs)
+    tokens = sum(o.stats.new_tokens - 1 for o in outs)
+    alone_steps = max(o.stats.new_tokens for o in outs) - 1
+    rates, speedups = [], []
+    for n0 in PAPER_N:
+        f_t, f_d = batch_forwards(rows, n0)
+        if parallel:
+            rounds = sum(max(f_t, (d + 1) * f_d) + (f_d if d == 1 else 0.0) for d in drafted)
+        else:
+            rounds = sum(d * f_d + f_t for d in drafted)
+        seconds = rounds + steps * f_t
+        rates.append(tokens / seconds if seconds > 0 else float("nan"))
+        speedups.append(alone_steps * f_t / seconds if seconds > 0 else float("nan"))
+    return {
+        "label": "projection to the paper's hardware (72B/7B, bandwidth-bound forwards), decode phase, not a measurement",
+        "paper_n0": list(PAPER_N),
+        "tok_s": [min(rates), max(rates)],
+        "speedup_over_target_alone": [min(speedups), max(speedups)],
+    }

@@ -25,6 +25,7 @@ given the same left-padded batch as HF `generate` and cuts it into rows (`hippo.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -35,6 +36,7 @@ import torch
 import hippo
 from hippo.padded import pad_rows
 
+from .projection import batch_decode_projection
 from .tables import markdown_table
 
 #: hippo rows: (name, scheduler, scheduler options, pruning parts; None: the builder's defaults, a
@@ -52,6 +54,12 @@ HIPPO_ROWS: list[tuple[str, str, dict, dict | None]] = [
     (
         "hippo batched pearl, draft on a thread, default parts",
         "pearl",
+        {"gamma": 5, "executor": "inline", "executor_options": {"overlap": "thread"}},
+        None,
+    ),
+    (
+        "hippo batched hippo, draft on a thread, default parts",
+        "hippo",
         {"gamma": 5, "executor": "inline", "executor_options": {"overlap": "thread"}},
         None,
     ),
@@ -97,6 +105,7 @@ def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, nat
         padded = pad_rows(xs, "left", pad_id)  # as the processor pads them
         calls = {"HF generate, batched (left-padded)": _hf(w.target, padded, pad_id)}
         pipes, last = [], {}
+        scheduler_of = {name: scheduler for name, scheduler, _, _ in HIPPO_ROWS}
         for name, scheduler, options, parts in HIPPO_ROWS:
             builder = hippo.PipelineBuilder().target(w.target)
             if scheduler != "autoregressive":
@@ -128,6 +137,9 @@ def run(batches: list[int], max_new_tokens: int, repeats: int, threads: int, nat
                   f"{med:.2f} s, first token {med1:.2f} s; {differ} rows differ from generate alone)", flush=True)  # fmt: skip
             if last.get(name) and "auto" in name:  # what auto chose in its last timed call
                 print(f"    {_plan_summary(last[name])}", flush=True)
+            if last.get(name):  # its last timed call's rounds, charged at the paper's costs
+                parallel = last[name][0].stats.plan.get("schedule", scheduler_of[name]) in ("pearl", "hippo")
+                table[name][b]["projected"] = batch_decode_projection(last[name], parallel)
         for pipe in pipes:
             pipe.close()
     return table
@@ -215,6 +227,23 @@ def markdown(table: dict, batches: list[int]) -> str:
     return "\n".join(markdown_table(header, rows))
 
 
+def projected(table: dict, batches: list[int]) -> str:
+    """The hippo rows' decode phase projected to the paper's hardware (`projection.batch_decode_projection`):
+    tokens/s and the speedup over the target alone on the same rows, over the range of Table 2's N."""
+    header = ["method (projection, decode phase)", *(f"batch {b} tok/s (× target alone)" for b in batches)]
+    rows = []
+    for name, cells in table.items():
+        if not all("projected" in cells.get(b, {}) for b in batches):
+            continue
+        row = [name]
+        for b in batches:
+            p = cells[b]["projected"]
+            (r0, r1), (s0, s1) = p["tok_s"], p["speedup_over_target_alone"]
+            row.append(f"{r0:.1f}-{r1:.1f} ({s0:.2f}-{s1:.2f}×)")
+        rows.append(row)
+    return "\n".join(markdown_table(header, rows))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
@@ -222,12 +251,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--natural", action="store_true", help="stop at EOS (rows of different lengths)")
+    ap.add_argument("--json", help="write the table (with the projections) to this file")
     args = ap.parse_args(argv)
     table = run(args.batches, args.max_new_tokens, args.repeats, args.threads, args.natural)
     print()
     print(markdown(table, args.batches))
     for line in auto_versus_fixed(table, args.batches):
         print(line)
+    print("\nA projection to the paper's hardware (72B/7B, Table 2's forward costs; not a measurement):")
+    print(projected(table, args.batches))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(table, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

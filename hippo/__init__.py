@@ -1,7 +1,8 @@
 """hippo: holistic-aware parallel speculative decoding for video-LLMs, lossless by construction.
 
 Public API: `PipelineBuilder`, `Pipeline`, `PipelineConfig`, `plugin_manager`, `hookimpl`, and the
-interfaces a plugin implements (`Scorer`, `Selector`, `Drafter`, `Verifier`, `Scheduler`, `Adapter`).
+interfaces a plugin implements (`Scorer`, `Selector`, `Drafter`, `Verifier`, `Scheduler` and its
+`GammaPolicy`, `Adapter`).
 `hippo.testing` (with `pip install 'hippo[testing]'`) proves a pipeline or a plugin part lossless.
 """
 
@@ -12,7 +13,9 @@ from hippo.interfaces import (
     Adapter,
     Drafter,
     Encoded,
+    GammaPolicy,
     ModelSession,
+    RoundInfo,
     Scheduler,
     Scorer,
     ScoringContext,

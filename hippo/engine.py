@@ -24,20 +24,24 @@ next verification and the rest beside it (pre-verify). The emitted tokens are p'
 sampled row's draft draws from a fork of its generator, and its next block is a draw from q given
 the tokens emitted, so rejection sampling stays exact.
 γ comes from the pipeline's schedule (`Scheduler.batch_gamma`): a fixed γ, 0 (the target alone),
-or a `hippo.cost.AutoGamma` that re-chooses one γ for all live rows each round. A sampled row keeps
+a `hippo.cost.AutoGamma` that re-chooses one γ for all live rows each round, or the schedule's own
+`GammaPolicy`, asked each round. A sampled row keeps
 one fixed γ (`sampled_gamma`) through every round, so a seeded sample does not depend on the rows
 it shares the batch with (greedy rows are exact at any γ).
 
 `Pipeline.generate_batch`, `Pipeline.map`, `hippo batch` and `hippo serve` decode on this loop, and
-so does `generate` with the sequential schedules (`serial`, `autoregressive`, and `auto` where it
-chooses them): `decode_alone` runs one job as a batch of one that nothing joins, on the same round,
-its own sessions (packed or compiled) standing as one-row stacks (`hippo.stacked.SessionRow`). A
-drafter without a batched chain form (a token tree, a third-party drafter) drafts there with its own
-`propose`, and a tree is scored in one masked pass of the row's session.
+so does `generate` with every built-in schedule: `decode_alone` runs one job as a batch of one that
+nothing joins, on the same round, its own sessions (packed or compiled) standing as one-row stacks
+(`hippo.stacked.SessionRow`). A drafter without a batched chain form (a token tree, a third-party
+drafter) drafts there with its own `propose`, and a tree is scored in one masked pass of the row's
+session. `pearl` and `hippo` give a job alone their executor's draft worker as its producer
+(`Overlapped`: a thread, a process, a simulated clock), with their prefill (the synchronous draft
+buffer, early and two-phase pruning) and abort.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,12 +52,15 @@ import torch
 from hippo.accept import commit, decide, process_rows
 from hippo.cost import GAMMA_START, AutoGamma, GammaPlan
 from hippo.errors import UnsupportedError
-from hippo.interfaces import Job, catch_up, prefilling
+from hippo.executor import DraftFailure
+from hippo.interfaces import Job, RoundInfo, catch_up, prefilling
 from hippo.packed import MAX_ROWS, PackedLinears
 from hippo.proposal import DraftProposal
 from hippo.registry import lookup
 from hippo.session import KVSession, PackedSessions
 from hippo.stacked import BatchedCache, SessionRow
+
+log = logging.getLogger("hippo")
 
 
 class _RowPrefill:
@@ -159,11 +166,17 @@ class Engine:
     (default: the schedule's γ where it is fixed, else `hippo.cost.GAMMA_START`). `scheduler`: the
     schedule asked how the batch drafts and told when a row is done (default: the pipeline's).
     `own_sessions`: one job that nothing joins, on its own sessions and drafter (`decode_alone`),
-    which the caller finishes; the round is the same.
+    which the caller finishes; the round is the same. `worker`: that job's draft behind its
+    executor's `DraftWorker` (`Overlapped`: the parallel schedules), not in this engine's caches.
     """
 
     def __init__(
-        self, pipe: Any, sampled_gamma: int | None = None, scheduler: Any = None, own_sessions: bool = False
+        self,
+        pipe: Any,
+        sampled_gamma: int | None = None,
+        scheduler: Any = None,
+        own_sessions: bool = False,
+        worker: Overlapped | None = None,
     ):
         if not own_sessions and not can_batch(pipe):
             name = pipe.names.get("scheduler", type(pipe.scheduler).__name__)
@@ -177,7 +190,9 @@ class Engine:
         self.pipe = pipe
         self.scheduler = pipe.scheduler if scheduler is None else scheduler
         self.sampled_gamma = sampled_gamma
-        self.own_sessions = own_sessions
+        self.own_sessions = own_sessions or worker is not None
+        #: a job alone whose draft runs behind its executor (`Overlapped`); None after it failed
+        self.worker = worker
         self.rows: list[_Row] = []
         self.target: BatchedCache | SessionRow | None = None
         self.draft: BatchedCache | SessionRow | None = None
@@ -210,7 +225,15 @@ class Engine:
                 self._start(job)
             for key, value in self._plan_record.items():  # its choice, on every row
                 job.stats.plan.setdefault(key, value)
-            target = job.prefill_target()
+            buffer = None
+            if self.worker is not None:  # both sides' prefills, as its schedule arranges them
+                try:
+                    target, buffer = self.worker.prefill()
+                except DraftFailure as exc:
+                    self._draft_failed(exc, [job])
+                    target = job.prefill_target()  # (once: a job keeps its prefilled session)
+            else:
+                target = job.prefill_target()
             job.first_token(target)
             if job.done:
                 if self.own_sessions:  # as a round never taken: nothing to book
@@ -218,7 +241,7 @@ class Engine:
                 else:
                     self._finish(_Row(job, None))
                 return False
-            draft = job.prefill_draft() if self.drafting else None
+            draft = job.prefill_draft() if self.drafting and self.worker is None else None
         except BaseException:
             if not self.own_sessions:
                 job.finish()
@@ -228,23 +251,32 @@ class Engine:
         finally:
             self.seconds_prefill += time.perf_counter() - t0
         self._join(job, target, draft)
+        if buffer is not None:
+            # drafted while p prefilled (HIPPO's synchronous prefill): where p's first token was q's
+            # first guess, the rest is q's draft after it, verified in the first round
+            self.rows[-1].ahead = _after(buffer, buffer.tokens.tolist(), job.tokens[0])
         return True
 
     def _start(self, job: Job) -> None:
         self.gamma = self.scheduler.batch_gamma(job, max(self.expected_rows, 1))
         self._plan_record = dict(job.stats.plan)
         self.plan = None
-        mode = self.drafting and self.scheduler.batch_overlap(job)
+        mode = self.drafting and (self.worker is not None or self.scheduler.batch_overlap(job))
         self.overlap = bool(mode)
         if isinstance(self.gamma, AutoGamma):
-            self.plan = self.gamma.plan(parallel=self.overlap, prior=getattr(job, "alpha_prior", None))
+            # behind a worker, q's time counts beside p's only where it works while p does
+            parallel = self.overlap if self.worker is None else self.worker.worker.overlapped
+            self.plan = self.gamma.plan(parallel=parallel, prior=getattr(job, "alpha_prior", None))
         self.rewrite = chain_rewrite(self.pipe.drafter) if self.drafting else None
+        if self.worker is not None:
+            return
         if self.overlap and (self._beside is None or self._beside.threaded != (mode != "inline")):
             self._beside = _Beside(self.pipe.draft_adapter.device, threaded=mode != "inline")
 
     @property
     def drafting(self) -> bool:
-        return isinstance(self.gamma, AutoGamma) or (isinstance(self.gamma, int) and self.gamma > 0)
+        """The schedule drafts: a fixed γ > 0, or one chosen each round (`AutoGamma`, a callable)."""
+        return self.gamma is not None and not (isinstance(self.gamma, int) and self.gamma <= 0)
 
     def _join(self, job: Job, target: KVSession, draft: KVSession | None) -> None:
         side = None
@@ -338,42 +370,63 @@ class Engine:
         gammas = [min(w, row.job.remaining - 1) for w, row in zip(wanted, rows)]  # as batch 1 clamps
         proposals: list[DraftProposal | None] = [None] * len(rows)
         chains: list[list[int]] = [[] for _ in rows]  # each row's draft tokens, on the host
-        if any(wanted):
-            # beside p, a row whose last block was all accepted has its next one drafted already
-            # (post-verify); the others draft one token here and the rest beside p (pre-verify)
-            ready = [row.ahead if self.overlap and w else None for row, w in zip(rows, wanted)]
+        # beside p, a row whose last block was all accepted has its next one drafted already
+        # (post-verify), verified whatever γ is now; the others draft one token here and the rest
+        # beside p (pre-verify)
+        ready = [row.ahead if self.overlap and self.drafting else None for row in rows]
+        if any(wanted) or any(r is not None for r in ready):
             inline = [0 if r is not None else min(1, g) if self.overlap else g for r, g in zip(ready, gammas)]
             drafted: list[DraftProposal] = [_EMPTY] * len(rows)
             if any(inline):
                 drafted, chains = self._drafted(rows, inline)
-            for b, r in enumerate(ready):
+            # a block drafted ahead is verified whole where γ is fixed (the synchronous prefill's
+            # buffer is longer than γ), cut to this round's γ where it is re-chosen each round
+            # (GAMMA_START where the plan chose p alone: it costs no drafting)
+            whole = isinstance(self.gamma, int)
+            for b, (r, row) in enumerate(zip(ready, rows)):
                 if r is not None:
-                    drafted[b], chains[b] = _span(r[0], 0, gammas[b]), r[1][: gammas[b]]
-            proposals = [p if w else None for p, w in zip(drafted, wanted)]
-        beside = None
-        if self.overlap and any(wanted):  # q drafts each row's next block while p verifies this one
-            bases = [row.job.tokens + chains[b] for b, row in enumerate(rows)]
-            more = [
-                min(w + 1, row.job.remaining - len(c)) if w else 0 for row, w, c in zip(rows, wanted, chains)
+                    cut = gammas[b] if wanted[b] else min(GAMMA_START, row.job.remaining - 1)
+                    n = row.job.remaining - 1 if whole else cut
+                    drafted[b], chains[b] = (_span(r[0], 0, n), r[1][:n]) if r[0].chain else r
+            proposals = [
+                p if (w or r is not None) and self.drafting else None
+                for p, w, r in zip(drafted, wanted, ready)
             ]
-            beside = self._beside.start(lambda: self._drafted(rows, more, bases))
+        # where each row's draft continues while p verifies: after its block (a tree's first-child chain)
+        spines = [c if p is None or p.chain else p.spine_tokens().tolist() for p, c in zip(proposals, chains)]
+        beside, bases = None, [row.job.tokens + spines[b] for b, row in enumerate(rows)]
+        if self.overlap and any(wanted) and self.drafting:  # q drafts each row's next block meanwhile
+            more = [
+                min(w + 1, row.job.remaining - len(c)) if w else 0 for row, w, c in zip(rows, wanted, spines)
+            ]
+            if self.worker is not None:
+                beside = self.worker.start(rows[0].job, more[0], bases[0])
+            else:
+                beside = self._beside.start(lambda: self._drafted(rows, more, bases))
         for row, prop in zip(rows, proposals):
             row.batch_sizes.append(len(rows))
             if prop is None:
                 row.target_steps += 1
         t0 = target.seconds
         try:
-            _verify(target, rows, proposals, chains)
+            if self.worker is not None:  # timed as its executor times p's work
+                self.worker.target(_verify, target, rows, proposals, chains)
+            else:
+                _verify(target, rows, proposals, chains)
         finally:
-            nxt = beside.result() if beside is not None else None  # never left running
+            nxt = None  # never left running
+            if beside is not None:
+                nxt = self._collect(
+                    beside, [row.job.tokens[: len(base)] == base for row, base in zip(rows, bases)]
+                )
         for row in rows:
             row.seconds_target += target.seconds - t0
         for b, row in enumerate(rows):
             row.ahead = None
-            if nxt is not None:  # usable where p accepted the whole block and took q's first guess next
-                prop, chain = nxt[0][b], nxt[1][b]
-                if prop.size > 1 and row.job.tokens == bases[b] + chain[:1]:
-                    row.ahead = (_span(prop, 1, prop.size), chain[1:])
+            tokens, base = row.job.tokens, bases[b]
+            if nxt is not None and len(tokens) == len(base) + 1 and tokens[:-1] == base:
+                # p accepted the whole block: what q drafted after p's next token is the next block
+                row.ahead = _after(nxt[0][b], nxt[1][b], tokens[-1])
         self.rounds += 1
         done = [i for i, row in enumerate(rows) if row.job.done or row.error is not None]
         if done:
@@ -383,11 +436,41 @@ class Engine:
                 cache.maybe_compact()
         return []
 
+    def _collect(self, beside: Any, accepted: list[bool]) -> Any:
+        """The next blocks drafted beside p (None where the draft failed). `accepted[b]`: p accepted
+        all of row b's block, so its continuation may be used; behind a worker that aborts, a
+        drafting that cannot be used is stopped first (HIPPO's abort)."""
+        try:
+            if self.worker is not None:
+                return self.worker.result(accepted[0])
+            return beside.result()
+        except DraftFailure as exc:
+            self._draft_failed(exc)
+            return None
+
+    def _draft_failed(self, exc: DraftFailure, jobs: Sequence[Job] | None = None) -> None:
+        """The draft behind a worker died, hung or raised: the job goes on with p alone, its
+        output unchanged."""
+        log.warning("hippo: %s; finishing with the target alone (output unchanged)", exc)
+        for row in self.rows:
+            row.ahead = None
+        for job in [row.job for row in self.rows] if jobs is None else jobs:
+            job.stats.fallback = True
+            job.stats.notes.append(f"draft failed: {exc}")
+        self.gamma, self.overlap, self.worker = 0, False, None
+
     def _drafted(
         self, rows: Sequence[_Row], gammas: Sequence[int], bases: Sequence[list[int]] | None = None
     ) -> tuple[list[DraftProposal], list[list[int]]]:
         """Each row's draft of `gammas[b]` tokens after its emitted tokens (or after `bases[b]`, the
         tokens after the prompt it continues), booked on the draft's clock and the rows' timelines."""
+        if self.worker is not None:  # a job alone whose draft is behind its executor
+            try:
+                prop = self.worker.draft(rows[0].job, gammas[0])
+            except DraftFailure as exc:
+                self._draft_failed(exc)
+                return [_EMPTY], [[]]
+            return [prop], [prop.tokens.tolist()]
         draft, t0, f0, clock = self.draft, self.draft.seconds, self.draft.forwards, time.perf_counter()
         if self.rewrite is not None:  # every row's chain, batched
             policies = [row.draft_policy for row in rows]
@@ -408,10 +491,23 @@ class Engine:
         """The plan's γ for this round, for all live rows: the most expected tokens/s of the batch."""
         rows = self.rows
         target = self.target
+        t_draft, live = self.clock.per_forward(target.rows), target
+        if self.worker is not None:  # q's seconds per token, on the worker's clock
+            t_draft = self.worker.per_token()
+            live = None if self.worker.worker.virtual else target  # p's live steps against q's real ones
+        if self.plan is None:  # the schedule's own rule (`GammaPolicy`)
+            t_verify = target.seconds / target.forwards if target.forwards else None
+            info = RoundInfo(self.rounds, tuple(row.job.stats for row in rows), t_verify, t_draft)
+            return max(0, int(self.gamma.gamma(info)))
         curve = self.plan.auto.batch_curve(target.rows, target.verify_curve)
-        return self.plan.next(
-            [row.job.stats for row in rows], self.clock.per_forward(target.rows), target, curve
-        )
+        return self.plan.next([row.job.stats for row in rows], t_draft, live, curve)
+
+    def close(self) -> None:
+        """Stop the draft thread of the parallel schedules' batches (if one was started); the
+        engine makes a new one if it is used again."""
+        if self._beside is not None:
+            self._beside.close()
+            self._beside = None
 
     def run(self, jobs: Iterable[Job]) -> None:
         """Add every job, then step until none is live; every job is finished, even on an error."""
@@ -433,19 +529,86 @@ class Engine:
             raise
 
 
-def decode_alone(scheduler: Any, job: Job) -> None:
-    """Decode `job` alone on the engine loop (a sequential schedule's `Scheduler.run`): a batch of
-    one on the job's own sessions and drafter, γ from `scheduler.batch_gamma(job, 1)`. The job is
-    left for the caller to finish, as `Scheduler.run` leaves it."""
-    engine = Engine(job.pipeline, scheduler=scheduler, own_sessions=True)
-    if engine.add(job):
-        while engine.rows:
-            engine.step()
+def decode_alone(scheduler: Any, job: Job, worker: Overlapped | None = None) -> None:
+    """Decode `job` alone on the engine loop (a schedule's `Scheduler.run`): a batch of one on the
+    job's own sessions and drafter, γ from `scheduler.batch_gamma(job, 1)`; `worker`: its draft
+    behind its executor instead, drafting beside p (the parallel schedules). The job is left for the
+    caller to finish, as `Scheduler.run` leaves it."""
+    engine = Engine(job.pipeline, scheduler=scheduler, own_sessions=True, worker=worker)
+    try:
+        if engine.add(job):
+            while engine.rows:
+                engine.step()
+    finally:
+        if worker is not None:
+            worker.close(job)
     if job.error is not None:  # its own work failed: the caller sees why
         raise job.error
 
 
 _EMPTY = DraftProposal(tokens=torch.zeros(0, dtype=torch.long))
+
+
+class Overlapped:
+    """The parallel schedules' producer for a job alone: its draft behind its executor's
+    `DraftWorker` (a thread and CUDA stream, a process on a device of its own, or a virtual clock),
+    driven by the engine's round as the batch's `_Beside` is: q drafts one token, then its next
+    block while p verifies (pre-verify), or only the next block while p verifies the one drafted
+    ahead (post-verify). `prefill()` prefills both sides as the schedule arranges them (HIPPO's
+    synchronous prefill, its early or two-phase pruning) and returns p's session and the tokens q
+    drafted meanwhile (or None). `abort`: a drafting that cannot be used is stopped at once
+    (HIPPO), not waited for (PEARL)."""
+
+    def __init__(self, executor: Any, worker: Any, prefill: Callable[[], tuple[Any, Any]], abort: bool):
+        self.executor, self.worker, self._prefill, self.abort = executor, worker, prefill, abort
+
+    def prefill(self) -> tuple[Any, DraftProposal | None]:
+        return self._prefill()
+
+    def draft(self, job: Job, gamma: int) -> DraftProposal:
+        """γ tokens after the job's emitted ones, waited for."""
+        self.worker.submit(job.prefix(), gamma)
+        return self.worker.collect()
+
+    def start(self, job: Job, gamma: int, base: list[int]) -> bool | None:
+        """Start drafting γ tokens after `base` (the tokens after the prompt); None: nothing to draft."""
+        if gamma <= 0:
+            return None
+        self.worker.submit(torch.cat([job.prompt_ids, torch.tensor(base, dtype=torch.long)]), gamma)
+        return True
+
+    def result(self, accepted: bool) -> tuple[list[DraftProposal], list[list[int]]]:
+        """The drafting started last; stopped first where p did not accept its base and `abort`."""
+        if self.abort and not accepted:
+            self.worker.stop()
+        prop = self.worker.collect()
+        return [prop], [prop.tokens.tolist()]
+
+    def target(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """p's verification, timed as the executor times p's work (its overlap, its virtual clock)."""
+        return self.executor.target("verify", fn, *args)
+
+    def close(self, job: Job) -> None:
+        """Book the draft's seconds on the job and release its worker."""
+        w, s = self.worker, job.stats
+        s.seconds_draft_prefill += w.seconds_prefill
+        s.seconds_draft_decode += w.seconds_decode
+        s.seconds_draft_overlapped += w.seconds_overlapped
+        w.close()
+
+    def per_token(self) -> float | None:
+        """q's seconds per token drafted (discarded ones included), None before the first."""
+        w = self.worker
+        return w.seconds_decode / w.tokens_drafted if w.tokens_drafted and w.seconds_decode > 0 else None
+
+
+def _after(prop: DraftProposal, chain: list[int], token: int) -> tuple[DraftProposal, list[int]] | None:
+    """A continuation's draft after p's `token` where it starts, with its tokens on the host (a
+    chain's are `chain`: read already), or None (`DraftProposal.after`)."""
+    if prop.chain:
+        return (_span(prop, 1, prop.size), chain[1:]) if prop.size > 1 and chain[0] == token else None
+    rest = prop.after(token)
+    return None if rest is None else (rest, rest.tokens.tolist())
 
 
 def _span(prop: DraftProposal, start: int, stop: int) -> DraftProposal:
@@ -466,6 +629,10 @@ class _Beside:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="hippo-batch-draft") if threaded else None
         )
         self.stream = torch.cuda.Stream(device=device) if threaded and device.type == "cuda" else None
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
     def start(self, fn: Callable[[], Any]) -> Future:
         if self.pool is None:

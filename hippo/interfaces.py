@@ -349,31 +349,92 @@ class Job(Protocol):
     def finish(self) -> None: ...  # books the stats and closes the sessions
 
 
+@attrs.frozen
+class RoundInfo:
+    """What a schedule's policy reads before a round of the engine (`GammaPolicy.gamma`)."""
+
+    round: int  # rounds the live rows' batch has taken (0: its first)
+    stats: tuple  # each live row's `Stats` so far (its rounds, accepted tokens)
+    t_verify: float | None  # p's mean seconds per forward so far (None before the first)
+    t_draft: float | None  # q's seconds per draft token so far (None before the first)
+
+
+class GammaPolicy(ABC):
+    """A schedule's own rule for γ, asked before every round of the engine for all live rows (a
+    job alone is a batch of one): what `Scheduler.batch_gamma` returns where neither a fixed γ nor
+    the cost model (`hippo.cost.AutoGamma`) is the rule."""
+
+    @abstractmethod
+    def gamma(self, info: RoundInfo) -> int:
+        """γ for this round; 0: a step of the target alone (the draft idles and catches up later)."""
+
+
 class Scheduler(Component):
-    """Decides when the draft drafts and the target verifies. It never decides *what* is emitted."""
+    """Decides when the draft drafts and the target verifies. It never decides *what* is emitted.
+
+    A schedule is policy: `batch_gamma` says how the rows draft (a fixed γ, the cost model, or a
+    `GammaPolicy` asked each round; 0: the target alone), and `batch_overlap` whether q drafts beside
+    p. The engine (`hippo.engine`) runs every round, for a job alone (`decode`) and for rows decoded
+    together. A schedule whose draft runs behind an executor also gives the producer of a job alone
+    (`open_drafting`). Overriding `run` (a loop of one's own) is deprecated."""
 
     #: False for schedules that run the target alone.
     needs_draft: ClassVar[bool] = True
 
-    @abstractmethod
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "batch_gamma" in cls.__dict__ and "batches" not in cls.__dict__:
+            cls.batches = True  # a policy is all the engine needs
+        if "run" in cls.__dict__:
+            import warnings
+
+            warnings.warn(
+                f"{cls.__module__}.{cls.__qualname__} overrides Scheduler.run, which is deprecated since "
+                "hippo 0.2 and will be removed in 0.3: define batch_gamma (a fixed γ, an AutoGamma or a "
+                "GammaPolicy) and the engine runs every round, for one request and for batches",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+
+    def decode(self, job: Job) -> None:
+        """Drive `job` alone until `job.done` (what `Pipeline.generate` calls): the engine's round as
+        a batch of one, with this schedule's policy and producer. A schedule that still overrides
+        the deprecated `run` runs its own loop instead."""
+        if type(self).run is not Scheduler.run:
+            self.run(job)
+            return
+        from hippo.engine import decode_alone  # the engine sits on the interfaces
+
+        decode_alone(self, job, self.open_drafting(job))
+
     def run(self, job: Job) -> None:
-        """Drive `job` until `job.done`, emitting tokens through `job.emit`. A schedule with a batched
-        form can run the job on the engine loop as a batch of one: `hippo.engine.decode_alone(self,
-        job)`, as `serial` and `autoregressive` do."""
+        """Deprecated (a warning when a subclass overrides it; removed in 0.3): drive `job` until
+        `job.done`, emitting tokens through `job.emit`. Define `batch_gamma` instead."""
+        self.decode(job)
+
+    def open_drafting(self, job: Job) -> Any:
+        """The producer of `job` alone where its draft runs behind an executor (a
+        `hippo.engine.Overlapped`: the parallel schedules), or None: the engine drafts it inline."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release workers (processes, streams) held across generate calls."""
 
     # ---- rows decoded together (`hippo.engine`) ------------------------------------------------
-    #: whether this schedule has a batched form: then `batch_gamma` says how a batch drafts
+    #: whether this schedule has a batched form: then `batch_gamma` says how a batch drafts (set
+    #: for a subclass that defines `batch_gamma`)
     batches: ClassVar[bool] = False
 
-    def batch_gamma(self, job: Job, rows: int) -> Any:  # -> int | hippo.cost.AutoGamma
-        """How a batch of `rows` rows that `job` joins drafts, on the engine's one loop: a fixed γ for
-        every round (0: the target alone), or a `hippo.cost.AutoGamma` that re-chooses one γ for all
-        live rows each round. Asked when the batch starts (its first row joins); a schedule may
-        record its choice on `job.stats.plan`. Only called when `batches` is True."""
-        raise NotImplementedError(f"{type(self).__name__} has no batched form (batches = False)")
+    def batch_gamma(self, job: Job, rows: int) -> Any:  # -> int | hippo.cost.AutoGamma | GammaPolicy
+        """How rows that `job` joins (`rows` of them expected; 1 for a job alone) draft on the
+        engine's round: a fixed γ for every round (0: the target alone), a `hippo.cost.AutoGamma`
+        that re-chooses one γ for all live rows each round, or a `GammaPolicy` asked each round.
+        Asked when a batch starts (its first row joins); a schedule may record its choice on
+        `job.stats.plan`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} defines no policy: give it batch_gamma (a fixed γ, an AutoGamma or a "
+            "GammaPolicy)"
+        )
 
     def batch_overlap(self, job: Job) -> bool | str:
         """Whether a batch that `job` starts drafts beside the target (PEARL's pre-/post-verify, the

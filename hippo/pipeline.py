@@ -146,7 +146,10 @@ class Pipeline:
             self.job(x, generation_config, seed=seed, **{**generation_kwargs, **r})
             for x, r, seed in zip(inputs, rows, seeds)
         ]
-        engine.run(jobs)
+        try:
+            engine.run(jobs)
+        finally:
+            engine.close()
         return [_output(job, x) for job, x in zip(jobs, inputs)]
 
     def can_batch(self) -> bool:
@@ -236,7 +239,7 @@ class Pipeline:
         options = {k: generation_kwargs.pop(k) for k in keywords if k in generation_kwargs}
         job = self._job(inputs, generation_config, generation_kwargs, source=turn, **options)
         try:
-            self.scheduler.run(job)
+            self.scheduler.decode(job)
         finally:
             job.finish()
         return _output(job, inputs)

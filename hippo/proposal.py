@@ -92,6 +92,35 @@ class DraftProposal:
                 mask[i] |= mask[parents[i]]
         return mask
 
+    def after(self, token: int) -> DraftProposal | None:
+        """What this proposal drafted after `token` at its first position, re-rooted there: a chain's
+        tokens after its first, where that was `token`; a tree's subtree under the child of the root
+        that drafted `token`. None where it drafted `token` with nothing after it, or not at all (a
+        continuation drafted beside p, once p emitted `token` where it starts)."""
+        tokens = self.tokens.tolist()
+        if self.parents is None:
+            if self.size < 2 or tokens[0] != token:
+                return None
+            return DraftProposal(tokens=self.tokens[1:], q=None if self.q is None else self.q[1:])
+        parents = self.parents.tolist()
+        root = next((i for i, par in enumerate(parents) if par < 0 and tokens[i] == token), None)
+        if root is None:
+            return None
+        index, keep, new_parents = {root: -1}, [], []  # old node -> new index (the root: the prefix)
+        for i, par in enumerate(parents):  # parent-first: a node's parent is placed before it
+            if par >= 0 and par in index:
+                index[i] = len(keep)
+                keep.append(i)
+                new_parents.append(index[par])
+        if not keep:
+            return None
+        nodes = torch.tensor(keep)
+        return DraftProposal(
+            tokens=self.tokens[nodes],
+            q=None if self.q is None else self.q[nodes],
+            parents=torch.tensor(new_parents, dtype=torch.long),
+        )
+
     def truncate(self, n: int) -> DraftProposal:
         """The first n tokens (parent-first, so still a tree): what a drafting stopped early had made."""
         return DraftProposal(

@@ -317,37 +317,40 @@ def decode_continuously(
     for that row alone."""
     engine = pipe.engine()
     engine.expected_rows = min(batch_size, len(rows))
-    queue = list(rows)
-    live: dict[int, tuple[_Ready, Any]] = {}
-    while queue or live:
-        while queue and len(live) < batch_size:
-            row = queue.pop(0)
-            gen = dict(row.generation)
-            seed = gen.pop("seed", None)
+    try:
+        queue = list(rows)
+        live: dict[int, tuple[_Ready, Any]] = {}
+        while queue or live:
+            while queue and len(live) < batch_size:
+                row = queue.pop(0)
+                gen = dict(row.generation)
+                seed = gen.pop("seed", None)
+                try:
+                    job = pipe.job(row.inputs, seed=seed, **gen)
+                    joined = engine.add(job)
+                except HippoError as exc:
+                    yield row, failed(row.id, exc)
+                    continue
+                if joined:
+                    live[id(job)] = (row, job)
+                else:
+                    yield row, _job_result(row, job, tokenizer)
             try:
-                job = pipe.job(row.inputs, seed=seed, **gen)
-                joined = engine.add(job)
-            except HippoError as exc:
-                yield row, failed(row.id, exc)
-                continue
-            if joined:
-                live[id(job)] = (row, job)
-            else:
-                yield row, _job_result(row, job, tokenizer)
-        try:
-            finished = engine.step()
-        except HippoError:
-            for _, job in live.values():
-                engine.cancel(job)
-            return
-        for job in finished:
-            row, job = live.pop(id(job))
-            if job.error is None:
-                yield row, _job_result(row, job, tokenizer)
-            elif isinstance(job.error, HippoError):
-                yield row, failed(row.id, job.error)
-            else:  # not a HippoError: a bug, which propagates
-                raise job.error
+                finished = engine.step()
+            except HippoError:
+                for _, job in live.values():
+                    engine.cancel(job)
+                return
+            for job in finished:
+                row, job = live.pop(id(job))
+                if job.error is None:
+                    yield row, _job_result(row, job, tokenizer)
+                elif isinstance(job.error, HippoError):
+                    yield row, failed(row.id, job.error)
+                else:  # not a HippoError: a bug, which propagates
+                    raise job.error
+    finally:
+        engine.close()
 
 
 def _alone(pipe: Any, row: _Ready, tokenizer: Any) -> Result:

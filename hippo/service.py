@@ -355,6 +355,7 @@ class Service:
             self.pending.clear()
             self.cv.notify()
         self.thread.join()
+        self.engine.close()
         self.reader.shutdown(wait=False, cancel_futures=True)
         self.contexts.clear()
 

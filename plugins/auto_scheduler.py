@@ -527,14 +527,14 @@ class AutoScheduler(Scheduler):
         record.pop("keep", None)
         return "autoregressive"
 
-    def run(self, job: DecodeJob) -> None:
+    def decode(self, job: DecodeJob) -> None:
         name, record = self.choose(job)
         name = self._no_regret(name, record)
         if name == "autoregressive":
             job.keep_ratio = None
         job.stats.plan.update(record)
         job.alpha_prior = record["keep"]["alpha"] if "keep" in record else self.acceptance.alpha
-        self._scheduler(name).run(job)
+        self._scheduler(name).decode(job)
         self._carry(job)
 
     batches = True

@@ -1,13 +1,15 @@
 """Parallel speculative decoding: `pearl` (PEARL adapted to video) and `hippo` (HIPPO's VPSD).
 
-Both alternate two modes (PEARL's pre-/post-verify; HIPPO's conservative/optimistic):
-- conservative: the draft makes x_1 alone; then the target checks x_1 *while* the draft makes
-  x_2..x_γ. A reject of x_1 discards them (`hippo` aborts the drafting at once, `pearl` waits for it).
-- optimistic: the target verifies the unverified batch x_1..x_γ *while* the draft makes the next
-  batch after it. All accepted: stay optimistic, and p_γ checks the next batch's first token
-  (no bonus token is drawn). A reject rolls both back and goes conservative.
+Both alternate two modes (PEARL's pre-/post-verify; HIPPO's conservative/optimistic), which the
+engine's round runs (`hippo.engine`: `Overlapped` for a job alone, its draft thread for a batch):
+- conservative: the draft makes x_1 alone; then the target checks x_1 *while* the draft makes the
+  block after it. A reject of x_1 discards that block (`hippo` aborts the drafting at once, `pearl`
+  waits for it).
+- optimistic: the target verifies the block drafted ahead *while* the draft makes the next one. All
+  accepted and the target's next token is the next block's first: stay optimistic, the rest of that
+  block is verified next. Otherwise go conservative.
 `hippo` adds the synchronous draft-target prefill: the draft prefills its pruned input and keeps
-drafting while the target is still prefilling; the target then verifies that buffer first.
+drafting while the target is still prefilling; that buffer is the first block ahead.
 
 The attention score needs the target's prefill, but an early draft needs its kept indices before
 that prefill ends. `prune` resolves it:
@@ -15,39 +17,38 @@ that prefill ends. `prune` resolves it:
 - "early": prune once, before the target's language-model prefill, with `early_scorer` (no attention);
 - "two_phase" (hippo's default): start with `early_scorer`, then re-prune with the pipeline's scorer
   once the target's prefill is done and re-prefill the draft if the kept set changed.
-Executors decide where the draft runs; this module only decides what to ask and when.
+Executors decide where the draft runs; this module is policy: γ (`batch_gamma`), where q drafts
+(`batch_overlap`, `open_drafting`) and how both sides prefill (`_start`).
 """
 
 from __future__ import annotations
-
-import logging
 
 import attrs
 import torch
 
 from hippo import hookimpl
-from hippo.cost import GAMMA_START, AutoGamma, GammaPlan, costs_option
-from hippo.executor import DraftFailure, DraftWorker, Executor
-from hippo.interfaces import Scheduler, make_config
+from hippo.cost import AutoGamma, costs_option
+from hippo.engine import Overlapped
+from hippo.executor import DraftWorker, Executor
+from hippo.interfaces import GammaPolicy, RoundInfo, Scheduler, make_config
 from hippo.job import DecodeJob
-from hippo.proposal import DraftProposal, Verdict
 from hippo.registry import lookup
 from hippo.validators import gamma_option, positive_int
-
-log = logging.getLogger("hippo")
 
 PRUNE = ("late", "early", "two_phase")
 
 
-def _cat(prefix: torch.Tensor, prop: DraftProposal) -> torch.Tensor:  # -> [T + s]
-    """The prefix followed by the proposal's spine: where the draft continues during verification."""
-    return torch.cat([prefix, prop.spine_tokens().cpu()])
+class SpeedRatio(GammaPolicy):
+    """`auto_gamma`: γ ≈ p's seconds per verification over q's seconds per draft token, as measured
+    while the job runs (`gamma` until both are known), at most `gamma_max`."""
 
+    def __init__(self, gamma: int, gamma_max: int):
+        self.first, self.gamma_max = gamma, gamma_max
 
-def _continues(job: DecodeJob, verdict: Verdict) -> bool:
-    """The draft's continuation is usable: the round accepted the whole chain it continues (so it
-    drew no bonus token; the target's last logits check the continuation) and decoding goes on."""
-    return verdict.next_token is None and not job.done
+    def gamma(self, info: RoundInfo) -> int:
+        if not info.t_verify or not info.t_draft:
+            return self.first
+        return max(1, min(self.gamma_max, round(info.t_verify / info.t_draft)))
 
 
 @attrs.frozen
@@ -81,34 +82,13 @@ class ParallelScheduler(Scheduler):
             self.early_scorer = lookup("scorers", cfg.early_scorer).from_options(**cfg.early_scorer_options)
 
     # ---- γ ------------------------------------------------------------------------------------
-    def _gamma(self, job: DecodeJob, worker: DraftWorker, target, plan: GammaPlan | None) -> int:
-        """This round's γ; 0 (only from `plan`, under gamma="auto") = a step of the target alone."""
+    def batch_gamma(self, job: DecodeJob, rows: int) -> int | AutoGamma | SpeedRatio:
+        """γ fixed, re-chosen each round by the cost model (`gamma="auto"`), or, with `auto_gamma`,
+        from the measured ratio of p's verification to q's draft step (`SpeedRatio`)."""
         cfg = self.config
-        gamma = cfg.gamma
-        # seconds per draft token the worker made, discarded ones included (a rejected round's
-        # continuation, an aborted drafting): per *verified* token would count their time but not them
-        drafted = worker.tokens_drafted
-        per_draft = worker.seconds_decode / drafted if drafted and worker.seconds_decode > 0 else None
-        if plan is not None:
-            # p's steps are timed against q's live seconds only where both are on the real clock
-            live = None if worker.virtual else target
-            gamma = plan.next(job.stats, per_draft, live)
-            if gamma == 0:
-                return 0
-        elif cfg.auto_gamma and per_draft and target.forwards:
-            per_verify = target.seconds_decode / target.forwards
-            gamma = max(1, min(cfg.gamma_max, round(per_verify / per_draft)))
-        return max(1, min(gamma, job.remaining))
-
-    def _verify_batch(self, job: DecodeJob, target, batch: DraftProposal, gamma: int) -> Verdict:
-        """Verify an unverified batch without a bonus token; under `gamma="auto"`, in chunks of this
-        round's γ, so a long buffer that is rejected early costs a short pass, not one long one."""
-        size = gamma if self.auto is not None else batch.size
-        for chunk in batch.chunks(max(1, size)):
-            verdict = self.executor.target("verify", job.verify_round, target, chunk, bonus=False)
-            if not _continues(job, verdict):
-                break
-        return verdict
+        if self.auto is not None:
+            return self.auto
+        return SpeedRatio(cfg.gamma, cfg.gamma_max) if cfg.auto_gamma else cfg.gamma
 
     # ---- prefill ------------------------------------------------------------------------------
     def _start(self, job: DecodeJob, worker: DraftWorker):
@@ -138,76 +118,13 @@ class ParallelScheduler(Scheduler):
             job.kept = early
         return target, (buffer if buffer is not None and buffer.size else None)
 
-    # ---- decoding -----------------------------------------------------------------------------
-    def _discard(self, worker: DraftWorker) -> None:
-        if self.config.abort:
-            worker.stop()
-        worker.collect()
-
-    def run(self, job: DecodeJob) -> None:
-        ex = self.executor
-        worker = ex.open(job)
-        target = plan = None
-        try:
-            target, unverified = self._start(job, worker)
-            if self.auto is not None:
-                self.auto.calibrate(target, job.prefix())  # once per pipeline
-                # q's time counts beside p's only where q works while p does (a thread or a process)
-                plan = self.auto.plan(parallel=worker.overlapped, prior=job.alpha_prior)
-            if unverified is None:
-                job.first_token(target)
-            while not job.done:
-                gamma = self._gamma(job, worker, target, plan)
-                prefix = job.prefix()
-                if gamma == 0:  # the target alone; the draft is idle and catches up at its next submit
-                    if unverified is not None:  # drafted already: verify it, drafting nothing beside
-                        self._verify_batch(job, target, unverified, GAMMA_START)
-                        unverified = None
-                    else:
-                        ex.target("verify", job.target_step, target)
-                elif unverified is None:  # conservative / pre-verify
-                    worker.submit(prefix, 1)
-                    x1 = worker.collect()
-                    if gamma > 1:
-                        worker.submit(_cat(prefix, x1), gamma - 1)
-                    verdict = ex.target("verify", job.verify_round, target, x1, bonus=False)
-                    if gamma > 1:
-                        if _continues(job, verdict):
-                            rest = worker.collect()
-                            unverified = rest if rest.size else None
-                        else:
-                            self._discard(worker)
-                else:  # optimistic / post-verify
-                    worker.submit(_cat(prefix, unverified), gamma)
-                    verdict = self._verify_batch(job, target, unverified, gamma)
-                    if _continues(job, verdict):
-                        nxt = worker.collect()
-                        unverified = nxt if nxt.size else None
-                    else:
-                        self._discard(worker)
-                        unverified = None
-        except DraftFailure as exc:
-            log.warning("hippo: %s; finishing with the target alone (output unchanged)", exc)
-            job.stats.fallback = True
-            job.stats.notes.append(f"draft failed: {exc}")
-            if target is None:
-                target = job.prefill_target()
-            while not job.done:
-                job.target_step(target)
-        finally:
-            if plan is not None:
-                plan.book(job.stats)
-            job.stats.seconds_draft_prefill += worker.seconds_prefill
-            job.stats.seconds_draft_decode += worker.seconds_decode
-            job.stats.seconds_draft_overlapped += worker.seconds_overlapped
-            worker.close()
+    # ---- a job alone: its draft behind this schedule's executor, on the engine's round ----------
+    def open_drafting(self, job: DecodeJob) -> Overlapped:
+        worker = self.executor.open(job)
+        return Overlapped(self.executor, worker, lambda: self._start(job, worker), self.config.abort)
 
     # ---- rows decoded together (`hippo.engine`) ------------------------------------------------
     batches = True
-
-    def batch_gamma(self, job: DecodeJob, rows: int) -> int | AutoGamma:
-        """A batch drafts as one job does: γ fixed, or re-chosen each round for all live rows."""
-        return self.config.gamma if self.auto is None else self.auto
 
     def batch_overlap(self, job: DecodeJob) -> bool | str:
         """Beside p where this schedule's executor would run the draft beside p for `job` (on a

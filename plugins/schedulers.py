@@ -1,7 +1,7 @@
 """The sequential schedules: the target alone, and vanilla (serial) speculative decoding.
 
-Both decode on the engine loop (`hippo.engine`): one job alone is a batch of one on its own sessions
-and drafter (`decode_alone`), and rows decoded together are a batch whose γ `batch_gamma` gives."""
+Both are policy only (`batch_gamma`): the engine (`hippo.engine`) runs their rounds, for one job alone
+(a batch of one on its own sessions and drafter) and for rows decoded together."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import attrs
 
 from hippo import hookimpl
 from hippo.cost import AutoGamma, costs_option
-from hippo.engine import decode_alone
 from hippo.interfaces import Scheduler
 from hippo.job import DecodeJob
 from hippo.validators import gamma_option
@@ -20,9 +19,6 @@ class AutoregressiveScheduler(Scheduler):
 
     needs_draft = False
     batches = True
-
-    def run(self, job: DecodeJob) -> None:
-        decode_alone(self, job)
 
     def batch_gamma(self, job: DecodeJob, rows: int) -> int:
         return 0
@@ -51,9 +47,6 @@ class SerialScheduler(Scheduler):
     def batch_gamma(self, job: DecodeJob, rows: int) -> int | AutoGamma:
         """A batch drafts as one job does: γ fixed, or re-chosen each round (for all live rows)."""
         return self.config.gamma if self.auto is None else self.auto
-
-    def run(self, job: DecodeJob) -> None:
-        decode_alone(self, job)
 
 
 @hookimpl

@@ -344,3 +344,22 @@ def test_the_batched_tails_are_the_tails_of_each_pmf(n, p, alpha):
     reject = float(pw.binomial_pmf(n, q)[: lo + 1].sum() + pw.binomial_pmf(n, q)[hi:].sum())
     both = pw.reject_probabilities(n, [p, 0.5], [q, 0.5], alpha)  # [2]: the row of p, beside another
     assert abs(float(both[0]) - reject) < 1e-12
+
+
+def test_after_re_roots_a_continuation_at_the_token_p_emitted() -> None:
+    """`DraftProposal.after`: what a continuation drafted beside p keeps once p emitted `token` where
+    it starts: a chain's rest; a tree's subtree under the root child that drafted `token`."""
+    import torch
+
+    from hippo.proposal import DraftProposal
+
+    chain = DraftProposal(tokens=torch.tensor([7, 8, 9]), q=torch.eye(10)[[7, 8, 9]])
+    rest = chain.after(7)
+    assert rest.tokens.tolist() == [8, 9] and rest.chain and torch.equal(rest.q, torch.eye(10)[[8, 9]])
+    assert chain.after(6) is None and DraftProposal(tokens=torch.tensor([7])).after(7) is None
+    # root children 0 (token 5) and 1 (token 6); 2 under 0, 3 and 4 under 1, 5 under 3
+    tree = DraftProposal(tokens=torch.tensor([5, 6, 1, 2, 3, 4]), parents=torch.tensor([-1, -1, 0, 1, 1, 3]))
+    sub = tree.after(6)
+    assert sub.tokens.tolist() == [2, 3, 4] and sub.parent_list() == [-1, -1, 0] and sub.depth == 2
+    assert tree.after(5).tokens.tolist() == [1] and tree.after(5).chain
+    assert tree.after(1) is None  # not drafted at the first position

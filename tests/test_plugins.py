@@ -331,3 +331,62 @@ def test_readme_minimal_plugin_is_the_fixtures_own() -> None:
     namespace: dict = {}
     exec(compile(tree, "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
     assert namespace["hippo_register_scorers"]() == {"example_norm": namespace["NormScorer"]}
+
+
+def test_overriding_scheduler_run_is_deprecated_and_still_runs() -> None:
+    """A schedule written against the old protocol (its own `run` loop) warns when it is defined and
+    still decodes through `Pipeline.generate`, equal to the target's own greedy output."""
+    import warnings
+
+    import torch
+
+    from hippo.adapters.qwen2_5_vl_tiny import synthetic_inputs, tiny_model
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        class OwnLoop(Scheduler):
+            def run(self, job) -> None:
+                target = job.prefill_target()
+                job.first_token(target)
+                draft = job.prefill_draft() if not job.done else None
+                while not job.done:
+                    proposal = job.pipeline.drafter.propose(draft, job.prefix(), 2, job.policy)
+                    job.verify_round(target, proposal)
+
+    (warning,) = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert "OwnLoop overrides Scheduler.run" in str(warning.message) and "batch_gamma" in str(warning.message)
+    assert not OwnLoop.batches  # no policy: decoded one request at a time
+    target = tiny_model("target", seed=0, dtype=torch.float64)
+    inputs = synthetic_inputs(
+        target, torch.rand(2, 56, 56, 3, generator=torch.Generator().manual_seed(0)), [1, 5, 6], [7]
+    )
+
+    class OwnLoopPlugin:
+        @staticmethod
+        @hippo.hookimpl
+        def hippo_register_schedulers():
+            return {"own_loop": OwnLoop}
+
+    pm = hippo.plugin_manager()
+    pm.register(OwnLoopPlugin, name="test-own-loop")
+    try:
+        pipe = hippo.PipelineBuilder().target(target).draft(target).scheduler("own_loop").build()
+        out = pipe.generate(inputs, max_new_tokens=8, do_sample=False)
+    finally:
+        pm.unregister(OwnLoopPlugin)
+    assert torch.equal(out.sequences, target.generate(**inputs, max_new_tokens=8, do_sample=False))
+    assert sum(out.stats.accepted_per_round) > 0
+
+
+def test_a_policy_only_schedule_has_no_deprecation_and_batches() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+
+        class Fixed(Scheduler):
+            def batch_gamma(self, job, rows: int) -> int:
+                return 2
+
+    assert Fixed.batches

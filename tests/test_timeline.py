@@ -104,9 +104,11 @@ def test_event_record(case):
     check_record(s)
     buffers = [e for e in s.events if e.kind == "buffer"]
     assert len(buffers) == (1 if scheduler == "hippo" else 0)  # the synchronous-prefill buffer
-    if buffers and buffers[0].depth:  # drafted before the first token, and verified first
+    if buffers and buffers[0].depth:  # drafted before the first token, which p takes from its prefill
         first = next(e for e in s.events if e.kind in ("verify", "step"))
-        assert first.kind == "verify" and first.pos == buffers[0].pos
+        assert first.kind == "step" and first.pos == buffers[0].pos
+        # the buffer's rest (where its first token was p's) is verified in the first round
+        assert next(e for e in s.events if e.kind == "verify").pos == buffers[0].pos + 1
 
 
 @pytest.mark.parametrize("case", ["serial", "hippo-thread"])

@@ -278,9 +278,11 @@ def replay_greedy(build: Build, case: Case) -> GenerateOutput:
 
 def partial_case(adapter: str, executor: str = "inline", dtype: str = "float64") -> Case:
     """A case that accepts part of a draft for sure: the target drafts for itself from every visual
-    token (so its drafts are right) and the second draft token of each round is corrupted, so each
-    round emits two tokens, and the token budget (11) cuts the last round short (such rounds once
-    booked tokens they never emitted)."""
+    token (so its drafts are right) and the third token of each drafting is corrupted, so a serial
+    round emits three tokens, and the token budget (11) leaves the last round one token (such
+    rounds once booked tokens they never emitted). A block the parallel schedules draft beside p
+    is verified from its second token on (its first is q's guess of p's next token, checked when
+    p emits it), so the corrupted token falls in the verified block there too."""
     model = tiny(adapter)
     unit, words = pixel_unit(model), text_ids(model)
     return Case(
@@ -292,7 +294,7 @@ def partial_case(adapter: str, executor: str = "inline", dtype: str = "float64")
         gamma=4,
         keep_ratio=1.0,
         max_new_tokens=11,
-        wrong=(False, True),
+        wrong=(False, False, True),
         executor=executor,
         dtype=dtype,
     )

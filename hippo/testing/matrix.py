@@ -45,7 +45,7 @@ class Path:
     honest: str  # the suite test whose honest run of this check passes
     chain: bool = True  # drafts chains (no siblings), not token trees
     batched: bool = False  # drafts in the batch engine (a drafter takes part via rewrite_chain)
-    bonus: bool = True  # draws bonus tokens (the parallel schedules, pearl and hippo, draw none)
+    bonus: bool = True  # draws bonus tokens (every built-in path does: the engine's round emits one)
     check: Callable[..., hs.SamplingResult] | None = None  # None: `config_check(config, ...)`
     #: checked by its promise to draw what a law-checked reference draws, seed by seed
     #: (`hippo.testing.coupled`: 59 seeds), not by a law check of its own
@@ -68,14 +68,11 @@ PATHS: dict[str, Path] = {
             {},
             "tests/test_testing.py::test_installed_plugins_with_hippo_check_and_their_own_suite (fixed_chain)",
         ),
-        Path(
-            "pearl", hs.LAW_CONFIGS["qwen2_5_vl pearl chain"], "tests/lossless/test_sampling.py", bonus=False
-        ),
+        Path("pearl", hs.LAW_CONFIGS["qwen2_5_vl pearl chain"], "tests/lossless/test_sampling.py"),
         Path(
             "hippo",
             hs.LAW_CONFIGS["qwen2_5_vl hippo chain gamma=auto"],
             "tests/lossless/test_sampling.py",
-            bonus=False,
         ),
         Path(
             "token trees",
@@ -117,7 +114,6 @@ PATHS: dict[str, Path] = {
             "process executor",
             hs.LAW_CONFIGS["qwen2_5_vl hippo chain process executor"],
             "tests/lossless/test_sampling.py",
-            bonus=False,
         ),
     )
 }
@@ -136,8 +132,8 @@ BATCH_DRAFTS = (
 )
 
 NO_BONUS = (
-    "the parallel schedules draw no bonus token: after a fully accepted drafting p's last row checks the "
-    "next drafting's first token, and settle(bonus=False) drops the verifier's bonus draw"
+    "the path draws no bonus token: after a fully accepted drafting p's last row checks the next "
+    "drafting's first token, and settle(bonus=False) drops the verifier's bonus draw"
 )
 
 

@@ -468,6 +468,12 @@ class LawCheck:
 
 # ---- the suite's law checks (tests/lossless/test_sampling.py; `python -m hippo.testing.sampling`) ------
 
+#: The parallel schedules' corrupted draft positions: a block q drafted beside p is verified from its
+#: second token on (its first is q's guess of p's next token, checked when p emits it), so its third
+#: token is the one a rejection strikes after an acceptance (DEFAULTS' second would be the block's
+#: first verified token: no drafting accepted in part).
+PARALLEL_CORRUPT = (False, False, True)
+
 #: name -> settings: chain and tree, serial and parallel schedules (`pearl` too), every adapter, top_p
 #: and the repetition penalty, γ from the cost model; each on a peaked law (its temperature) so that N
 #: stays small. Keys besides DEFAULTS': "adapter", "scheduler", "drafter", "drafter_options" (the
@@ -475,6 +481,7 @@ class LawCheck:
 LAW_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen2_5_vl hippo chain top_p": {
         "scheduler": "hippo",
+        "corrupt": PARALLEL_CORRUPT,
         "temperature": 0.01,
         "top_k": None,
         "top_p": 0.99,
@@ -483,6 +490,7 @@ LAW_CONFIGS: dict[str, dict[str, Any]] = {
     "llava_onevision hippo chain repetition_penalty": {
         "adapter": "llava_onevision",
         "scheduler": "hippo",
+        "corrupt": PARALLEL_CORRUPT,
         "temperature": 0.0033,
         "repetition_penalty": 1.3,
     },
@@ -491,8 +499,15 @@ LAW_CONFIGS: dict[str, dict[str, Any]] = {
         "drafter": "tree",
         "temperature": 0.0031,
     },
-    # pearl verifies a drafting in chunks (x_1 alone, then the rest), each booked as a round
-    "qwen2_5_vl pearl chain": {"scheduler": "pearl", "temperature": 0.01},
+    # pearl verifies x_1 alone, then the block drafted beside p from its second token on: six new
+    # tokens, so a block drafted ahead is verified (with four, x_1 and p's tokens fill the answer);
+    # T = 0.006: the likeliest answer 0.861, 2,480 runs for the power
+    "qwen2_5_vl pearl chain": {
+        "scheduler": "pearl",
+        "corrupt": PARALLEL_CORRUPT,
+        "temperature": 0.006,
+        "new_tokens": 6,
+    },
     # a static tree, two children at the root, each with a chain below: a draft whose q is flatter
     # than p (`models.flat_draft`) has its first children rejected often, so the siblings' rule and
     # the residual run on most rounds (q ~ p, from a self draft, leaves a residual bug under TV 0.03)
@@ -519,20 +534,26 @@ LAW_CONFIGS: dict[str, dict[str, Any]] = {
     # measured ones the target drafting for itself costs as much as verifying, and the planner keeps
     # γ <= 1), from the whole video (on this prompt, q from part of it ranks p's token second where
     # the corruption strikes, so x_2 would be accepted); hippo on measured times (its prefill buffer
-    # is verified in γ-sized chunks)
+    # is verified γ tokens at a time)
     "qwen2_5_vl serial chain gamma=auto": {
         "gamma": "auto",
         "scheduler_options": {"costs": DRAFTING_PAYS},
         "keep_ratio": 1.0,
         "temperature": 0.01,
     },
-    "qwen2_5_vl hippo chain gamma=auto": {"scheduler": "hippo", "gamma": "auto", "temperature": 0.01},
+    "qwen2_5_vl hippo chain gamma=auto": {
+        "scheduler": "hippo",
+        "gamma": "auto",
+        "corrupt": PARALLEL_CORRUPT,
+        "temperature": 0.01,
+    },
     # scheduler="auto" on fixed costs under which drafting pays: it picks a drafting schedule per job
     "qwen2_5_vl auto chain": {"scheduler": "auto", "temperature": 0.01},
     # the draft in its own process (spawned once per pipeline: seconds)
     "qwen2_5_vl hippo chain process executor": {
         "scheduler": "hippo",
         "executor": "process",
+        "corrupt": PARALLEL_CORRUPT,
         "temperature": 0.01,
     },
 }

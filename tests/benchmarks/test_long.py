@@ -157,3 +157,31 @@ def test_the_long_bench_runs_on_tiny_settings_with_four_different_questions(monk
             used = r["keep_ratio_used"]
             assert len(used) == 4 if r["workload"] == "four_questions" else isinstance(used, float)
     assert "Questions of the four-question workload" in long.markdown(summary)
+
+
+def test_the_batch_projection_charges_each_round_at_the_batch_costs() -> None:
+    """`throughput`'s projection: a forward of B rows reads the weights once and B KV caches; a batch's
+    round drafts as many tokens as its longest row; parallel rounds hide q behind p."""
+    from types import SimpleNamespace
+
+    from hippo.benchmarks.projection import PAPER_N, batch_decode_projection, batch_forwards
+
+    t1, d1 = batch_forwards(1, PAPER_N[0])
+    t8, d8 = batch_forwards(8, PAPER_N[0])
+    assert 1.0 < t8 / t1 < 1.5 and 1.0 < d8 / d1 < 1.5  # bandwidth-bound: weights dominate
+
+    def row(drafted, new_tokens, target_steps=0):
+        return SimpleNamespace(
+            stats=SimpleNamespace(drafted_per_round=drafted, new_tokens=new_tokens, target_steps=target_steps)
+        )
+
+    alone = batch_decode_projection([row([], 13)] * 4, parallel=False)
+    assert alone["speedup_over_target_alone"] == pytest.approx([1.0, 1.0]) and "projection" in alone["label"]
+    good = [row([5, 5], 13), row([5, 3], 11)]  # rows in step: round 2 drafts 5 (the longest row's)
+    serial = batch_decode_projection(good, parallel=False)
+    parallel = batch_decode_projection(good, parallel=True)
+    expected = [12 * t / (2 * (5 * d + t)) for t, d in (batch_forwards(2, n0) for n0 in PAPER_N)]
+    assert serial["speedup_over_target_alone"] == pytest.approx(sorted(expected))
+    assert 1.0 < serial["speedup_over_target_alone"][0] < parallel["speedup_over_target_alone"][0]
+    poor = batch_decode_projection([row([1] * 12, 13)] * 2, parallel=False)
+    assert poor["speedup_over_target_alone"][1] < 1.0  # a draft that never helps costs its forwards

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import hippo
 import hippo.stacked as hst
-from hippo.engine import Engine, decode_alone
+from hippo.engine import Engine
 from hippo.errors import UnsupportedError
 from hippo.padded import pad_rows
 from hippo.testing import batch as batch_check
@@ -669,16 +669,11 @@ def test_a_batch_of_one_crops_what_it_rolls_back_and_runs_without_a_mask(monkeyp
 
 
 class EveryThird(hippo.Scheduler):
-    """A third-party schedule with a batched form: γ = 3 in every round, alone or in a batch, decoded
-    on the engine loop both ways (`decode_alone` is its whole `run`)."""
-
-    batches = True
+    """A third-party schedule that is policy only: γ = 3 in every round, alone or in a batch, decoded
+    on the engine loop both ways."""
 
     def batch_gamma(self, job, rows: int) -> int:
         return 3
-
-    def run(self, job) -> None:
-        decode_alone(self, job)
 
 
 class EveryThirdPlugin:
@@ -690,8 +685,7 @@ class EveryThirdPlugin:
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
 def test_a_third_party_schedule_decodes_alone_and_batched_on_the_engine_loop(adapter, corrupting_drafter):
-    """A plugin's schedule that states its batched form (`batches`, `batch_gamma`) and runs one job
-    with `decode_alone`: `generate` and `generate_batch` both equal `target.generate` (float64), with
+    """A plugin's schedule that is policy only (`batch_gamma`): `generate` and `generate_batch` both equal `target.generate` (float64), with
     the same rounds alone as in the batch (a corrupted third draft token: partial and full rounds)."""
     target = hm.tiny(adapter, "target")
     prompts = fixed_prompts(adapter, target)

@@ -111,7 +111,7 @@ def test_self_speculation_and_interleaved_hf_generate(adapter, corrupting_drafte
         check_rounds(out_a)
         partial.extend(hr.partial_rounds(out_a) + hr.partial_rounds(out_b))
 
-    # the fixed example first (the harness's: the target drafts, its second draft token corrupted)
+    # the fixed example first (the harness's: the target drafts, its third draft token corrupted)
     partial.extend(
         hr.partial_rounds(replay_greedy(lambda case: case.builder("serial"), partial_case(adapter)))
     )

@@ -17,8 +17,6 @@ are not tests; they are listed, with the reason, in `hippo.testing.matrix.INERT`
     path                       planted bug                 why not exercised
     (every chain path)         planted_tree_unnormalised   chains have no siblings: the unnormalised
                                                            residual is only drawn from (multinomial normalises)
-    pearl, hippo, process      planted_bonus_from_q        the parallel schedules draw no bonus token
-    executor
     token trees                planted_draft_temperature   the tree drafter drafts; the planted one is a chain drafter
     batched rows               planted_draft_temperature   the batch engine drafts (rewrite_chain): generate_batch
                                                            refuses a drafter without one
@@ -33,7 +31,7 @@ import pytest
 from hippo.errors import UnsupportedError
 from hippo.testing import models as hm
 from hippo.testing import planted
-from hippo.testing.matrix import BUGS, CELLS, INERT, NO_BONUS, NO_SIBLINGS, PATHS, run_cell
+from hippo.testing.matrix import BUGS, CELLS, INERT, NO_SIBLINGS, PATHS, run_cell
 from hippo.testing.sampling import DEFAULTS, config_build, generation, sampling_case
 
 PROCESSES = {"process executor"}
@@ -100,18 +98,17 @@ def test_every_exercised_cell_is_caught_in_ci():
     assert tiers["default"] >= len(PATHS) and tiers["matrix"] > 0, tiers
 
 
-@pytest.mark.parametrize(
-    ("path", "bug", "why"),
-    [("pearl", "planted_tree_unnormalised", NO_SIBLINGS), ("pearl", "planted_bonus_from_q", NO_BONUS)],
-)
+@pytest.mark.parametrize(("path", "bug", "why"), [("pearl", "planted_tree_unnormalised", NO_SIBLINGS)])
 def test_inert_a_bug_the_path_cannot_exercise_changes_nothing(path, bug, why):
     """NO_SIBLINGS: on a chain, the unnormalised sibling rule emits the same tokens as the stock
-    verifier, seed by seed; NO_BONUS: so does a bonus drawn from q on a parallel schedule."""
+    verifier, seed by seed."""
     assert INERT[(path, bug)] == why
     cfg = PATHS[path].config
     opts = {**DEFAULTS, **{k: v for k, v in cfg.items() if k in DEFAULTS}}
     case = sampling_case(cfg.get("adapter"))
-    gen = generation(opts["temperature"], opts["top_k"], opts["top_p"], opts["repetition_penalty"], 4)
+    gen = generation(
+        opts["temperature"], opts["top_k"], opts["top_p"], opts["repetition_penalty"], opts["new_tokens"]
+    )
     from hippo.testing.drafters import corrupting_plugin
 
     with corrupting_plugin(), planted.planted_plugin():
