@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from hippo import interfaces
 from hippo.accept import commit, decide, process_rows
 from hippo.cost import GAMMA_START, AutoGamma, GammaPlan
 from hippo.errors import UnsupportedError
@@ -545,6 +546,8 @@ def decode_alone(scheduler: Any, job: Job, worker: Overlapped | None = None) -> 
     if job.error is not None:  # its own work failed: the caller sees why
         raise job.error
 
+
+interfaces._ENGINE["decode_alone"] = decode_alone  # what `Scheduler.decode` runs
 
 _EMPTY = DraftProposal(tokens=torch.zeros(0, dtype=torch.long))
 

@@ -369,6 +369,11 @@ class GammaPolicy(ABC):
         """γ for this round; 0: a step of the target alone (the draft idles and catches up later)."""
 
 
+#: the engine's loop for a job alone, which `Scheduler.decode` runs: set by `hippo.engine` when it
+#: is imported (the engine sits on these interfaces; they do not import it)
+_ENGINE: dict[str, Callable[..., None] | None] = {"decode_alone": None}
+
+
 class Scheduler(Component):
     """Decides when the draft drafts and the target verifies. It never decides *what* is emitted.
 
@@ -403,9 +408,9 @@ class Scheduler(Component):
         if type(self).run is not Scheduler.run:
             self.run(job)
             return
-        from hippo.engine import decode_alone  # the engine sits on the interfaces
-
-        decode_alone(self, job, self.open_drafting(job))
+        if _ENGINE["decode_alone"] is None:
+            raise RuntimeError("hippo.engine is not imported: import hippo first")
+        _ENGINE["decode_alone"](self, job, self.open_drafting(job))
 
     def run(self, job: Job) -> None:
         """Deprecated (a warning when a subclass overrides it; removed in 0.3): drive `job` until
