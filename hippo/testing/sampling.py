@@ -549,12 +549,14 @@ LAW_CONFIGS: dict[str, dict[str, Any]] = {
     },
     # scheduler="auto" on fixed costs under which drafting pays: it picks a drafting schedule per job
     "qwen2_5_vl auto chain": {"scheduler": "auto", "temperature": 0.01},
-    # the draft in its own process (spawned once per pipeline: seconds)
+    # the draft in its own process (spawned once per pipeline: seconds); as `pearl`'s, six tokens
+    # (its prefill buffer is mostly empty here: the tiny target prefills before q drafts one)
     "qwen2_5_vl hippo chain process executor": {
         "scheduler": "hippo",
         "executor": "process",
         "corrupt": PARALLEL_CORRUPT,
-        "temperature": 0.01,
+        "temperature": 0.006,
+        "new_tokens": 6,
     },
 }
 
