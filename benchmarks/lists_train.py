@@ -40,18 +40,35 @@ SMALL_SIZES = [(168, 64, 2), (168, 96, 1), (168, 64, 2), (168, 128, 1)]
 ATTEND_AT = {"target": (2, 0), "draft": (1, 0)}
 
 
-def config(role: str, steps: int, lr: float, seed: int = 0, small: bool = False) -> TrainConfig:
+def config(
+    role: str,
+    steps: int,
+    lr: float,
+    seed: int = 0,
+    small: bool = False,
+    weights: tuple[float, ...] | None = None,
+    aux_object_weight: float = 4.0,
+    vision_lr_scale: float = 0.3,
+) -> TrainConfig:
     phase = Phase(
         "lists",
         steps,
         SMALL_SIZES if small else SIZES,
         lr=lr,
-        vision_lr_scale=0.3,
+        vision_lr_scale=vision_lr_scale,
         task="lists",
         attend_weight=0.5,
         time_stretch=(1, 2, 4),
+        question_weights=weights,
     )
-    return TrainConfig(role=role, phases=[phase], warmup=10, seed=seed, attend_at=ATTEND_AT[role])
+    return TrainConfig(
+        role=role,
+        phases=[phase],
+        warmup=10,
+        seed=seed,
+        attend_at=ATTEND_AT[role],
+        aux_object_weight=aux_object_weight,
+    )
 
 
 def main(argv=None) -> None:
@@ -72,8 +89,36 @@ def main(argv=None) -> None:
     p.add_argument("--resume", action="store_true", help="start from <out>/<role> and its auxiliary heads")
     p.add_argument("--save-every", type=int, default=25)
     p.add_argument("--small", action="store_true", help="`SMALL_SIZES`: shorter clips, smaller batches")
+    p.add_argument(
+        "--weights",
+        type=float,
+        nargs=4,
+        default=None,
+        metavar="W",
+        help="how often a batch asks each question, in the order of hippo.cli.pair.lists.QUESTIONS "
+        "(colours, shapes, rows, directions; default: its WEIGHTS, 0.55 0.15 0.15 0.15)",
+    )
+    p.add_argument(
+        "--aux-object-weight",
+        type=float,
+        default=4.0,
+        help="a needle's visual token counts this many times a background token in the auxiliary "
+        "per-token loss (default: %(default)s)",
+    )
+    p.add_argument(
+        "--vision-lr-scale",
+        type=float,
+        default=0.3,
+        help="the vision encoder (not its merger) learns at this times --lr (default: %(default)s)",
+    )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    if args.weights is not None and (min(args.weights) < 0 or not sum(args.weights)):
+        p.error(f"--weights must be 4 non-negative numbers, not all 0, got {args.weights}")
+    if args.vision_lr_scale < 0:
+        p.error(f"--vision-lr-scale must be 0 or more, got {args.vision_lr_scale}")
+    if args.aux_object_weight <= 0:
+        p.error(f"--aux-object-weight must be positive, got {args.aux_object_weight}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     out = args.out / args.role
@@ -84,7 +129,17 @@ def main(argv=None) -> None:
     aux = AuxHeads(model.config.text_config.hidden_size, cues=True, global_labels=("step",))
     if args.resume and (out / "aux.pt").is_file():
         aux.load_state_dict(torch.load(out / "aux.pt"))
-    cfg = config(args.role, args.steps, args.lr, args.seed, args.small)
+    weights = None if args.weights is None else tuple(args.weights)
+    cfg = config(
+        args.role,
+        args.steps,
+        args.lr,
+        args.seed,
+        args.small,
+        weights,
+        args.aux_object_weight,
+        args.vision_lr_scale,
+    )
     print(f"[{args.role}] from {init}; {cfg}", flush=True)
 
     def save(step: int) -> None:

@@ -89,6 +89,8 @@ class Phase:
     #: niah: M-RoPE temporal positions per temporal patch, one drawn per batch (the clip's frame rate is
     #: divided by it), so that short training clips span the positions of long ones; None: 1
     time_stretch: tuple[int, ...] | None = None
+    #: lists: how often a batch asks each of `hippo.cli.pair.lists.QUESTIONS` (in its order); None: its WEIGHTS
+    question_weights: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -271,7 +273,7 @@ def _samples(cfg: TrainConfig, index: int, phase: Phase, step: int) -> list:
 
         rng = random.Random(base)
         stretch = rng.choice(phase.time_stretch or (1,))
-        question = draw_question(rng)
+        question = draw_question(rng, phase.question_weights)
         task = NiahConfig(size=px, frames=frames, fps=NIAH_FPS / stretch)
         return [lists_sample(base + i, task, question) for i in range(batch)]
     if phase.task == "narrate":

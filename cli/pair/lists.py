@@ -67,13 +67,18 @@ def lists_sample(seed: int, cfg: NiahConfig, question: str = MAIN) -> NiahSample
     attribute = QUESTIONS[question]
     smp = niah_sample(seed, lists_config(cfg))
     words = [word(n, attribute) for n in smp.needles]
-    # the answer's i-th word looks up needle i (its colour and order); the full stop every needle
-    attend = [(n.obj.colour + 1, i + 1, 0) for i, n in enumerate(smp.needles)] + [(-1, 0, 0)]
+    # the answer's i-th word looks up needle i (its colour and order), on its tokens in its cell (the
+    # row's answer is the cell's; where none of its tokens is in the cell, on all of them); the full
+    # stop every needle
+    attend = [(n.obj.colour + 1, i + 1, n.cell + 1) for i, n in enumerate(smp.needles)] + [(-1, 0, 0)]
     return replace(smp, caption=" ".join([*words, "."]), question=question, attend=attend)
 
 
-def draw_question(rng: random.Random) -> str:
-    return rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
+def draw_question(rng: random.Random, weights: tuple[float, ...] | None = None) -> str:
+    """One of `QUESTIONS`, drawn with `weights` (in `QUESTIONS`' order; None: `WEIGHTS`)."""
+    if weights is not None and (len(weights) != len(QUESTIONS) or min(weights) < 0 or not sum(weights)):
+        raise ValueError(f"weights must be {len(QUESTIONS)} non-negative numbers, not all 0, got {weights}")
+    return rng.choices(list(QUESTIONS), weights=list(weights or WEIGHTS.values()))[0]
 
 
 def field_scores(generated: str, reference: str) -> list[int]:

@@ -32,8 +32,8 @@ def test_each_question_lists_one_attribute_of_every_needle_in_order(seed: int) -
     assert answers["where does the object go ?"].caption.split()[:-1] == [
         MOTIONS[n.obj.motion] for n in main.needles
     ]
-    # the i-th word's attention target is needle i (its colour and order); the full stop: every needle
-    assert main.attend[:-1] == [(n.obj.colour + 1, i + 1, 0) for i, n in enumerate(main.needles)]
+    # the i-th word's attention target is needle i (its colour and order) in its cell; the full stop: every needle
+    assert main.attend[:-1] == [(n.obj.colour + 1, i + 1, n.cell + 1) for i, n in enumerate(main.needles)]
     assert main.attend[-1] == (-1, 0, 0)
 
 
@@ -43,6 +43,19 @@ def test_needles_are_large_and_every_needle_shows_on_some_token() -> None:
         assert min(n.obj.radius for n in smp.needles) >= 11
         shown = set(smp.token_labels["step"][needle_rows(smp)].tolist())
         assert shown == set(range(1, len(smp.needles) + 1))
+
+
+def test_question_weights_choose_the_questions_batches_ask() -> None:
+    import random
+
+    from hippo.cli.pair.lists import WEIGHTS, draw_question
+
+    default = [draw_question(random.Random(s)) for s in range(50)]
+    assert default == [draw_question(random.Random(s), tuple(WEIGHTS.values())) for s in range(50)]
+    assert {draw_question(random.Random(s), (0, 1, 0, 0)) for s in range(20)} == {"what objects ?"}
+    for bad in ((1, 1, 1), (0, 0, 0, 0), (1, -1, 1, 1)):
+        with pytest.raises(ValueError, match="4 non-negative numbers"):
+            draw_question(random.Random(0), bad)
 
 
 def test_field_scores_and_bad_questions() -> None:
