@@ -276,7 +276,7 @@ class Engine:
 
     @property
     def drafting(self) -> bool:
-        """The schedule drafts: a fixed γ > 0, or one chosen each round (`AutoGamma`, a callable)."""
+        """The schedule drafts: a fixed γ > 0, or one chosen each round (`AutoGamma`, `GammaPolicy`)."""
         return self.gamma is not None and not (isinstance(self.gamma, int) and self.gamma <= 0)
 
     def _join(self, job: Job, target: KVSession, draft: KVSession | None) -> None:
@@ -393,10 +393,13 @@ class Engine:
                 p if (w or r is not None) and self.drafting else None
                 for p, w, r in zip(drafted, wanted, ready)
             ]
-        # where each row's draft continues while p verifies: after its block (a tree's first-child chain)
-        spines = [c if p is None or p.chain else p.spine_tokens().tolist() for p, c in zip(proposals, chains)]
-        beside, bases = None, [row.job.tokens + spines[b] for b, row in enumerate(rows)]
+        beside, starts = None, [len(row.job.tokens) for row in rows]  # tokens emitted before the round
         if self.overlap and any(wanted) and self.drafting:  # q drafts each row's next block meanwhile
+            # after each row's block (a tree's first-child chain): where its draft continues
+            spines = [
+                c if p is None or p.chain else p.spine_tokens().tolist() for p, c in zip(proposals, chains)
+            ]
+            bases = [row.job.tokens + spine for row, spine in zip(rows, spines)]
             more = [
                 min(w + 1, row.job.remaining - len(c)) if w else 0 for row, w, c in zip(rows, wanted, spines)
             ]
@@ -416,18 +419,16 @@ class Engine:
                 _verify(target, rows, proposals, chains)
         finally:
             nxt = None  # never left running
-            if beside is not None:
-                nxt = self._collect(
-                    beside, [row.job.tokens[: len(base)] == base for row, base in zip(rows, bases)]
-                )
+            if beside is not None:  # p accepted all of row b's block: its emitted tokens go on with it
+                accepted = [row.job.tokens[n : n + len(sp)] == sp for row, n, sp in zip(rows, starts, spines)]
+                nxt = self._collect(beside, accepted)
         for row in rows:
             row.seconds_target += target.seconds - t0
         for b, row in enumerate(rows):
             row.ahead = None
-            tokens, base = row.job.tokens, bases[b]
-            if nxt is not None and len(tokens) == len(base) + 1 and tokens[:-1] == base:
+            if nxt is not None and accepted[b] and len(row.job.tokens) == starts[b] + len(spines[b]) + 1:
                 # p accepted the whole block: what q drafted after p's next token is the next block
-                row.ahead = _after(nxt[0][b], nxt[1][b], tokens[-1])
+                row.ahead = _after(nxt[0][b], nxt[1][b], row.job.tokens[-1])
         self.rounds += 1
         done = [i for i, row in enumerate(rows) if row.job.done or row.error is not None]
         if done:
