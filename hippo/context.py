@@ -28,10 +28,10 @@ import attrs
 import torch
 
 from hippo.conversation import Conversation
-from hippo.devices import model_devices
 from hippo.errors import InputError, MemoryBudgetError
 from hippo.interfaces import Adapter, Encoded, Scorer, observes_pieces, prefilling
 from hippo.kvcache import fit_cache, fork_cache
+from hippo.placement import model_devices
 from hippo.session import KVSession
 
 #: the `hippo.pipeline.Pipeline` that prepares a context (its adapters, scorer and context budget)

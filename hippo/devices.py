@@ -9,8 +9,8 @@ its device. hippo therefore feeds a model's inputs to the device of its input em
 target's logits after moving one to the other (or to the CPU): never by a single `model.device`.
 
 This module checks a map before anything loads (`resolve_device_map`: a name, a JSON file or a dict;
-devices that exist; accelerate installed) and answers where a loaded model lives (`input_device`,
-`output_device`, `model_devices`).
+devices that exist; accelerate installed). Where a loaded model lives (`input_device`,
+`output_device`, `model_devices`) is `hippo.placement`'s, re-exported here.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from hippo.errors import ConfigError
+from hippo.placement import input_device, model_devices, output_device  # noqa: F401 (re-exported)
 
 #: accelerate's named device maps, as `from_pretrained(device_map=...)` takes them
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -141,36 +142,3 @@ def draft_gpu_left_out(device_map: DeviceMap | None, draft_device: str | None) -
     memory = get_max_memory()  # {gpu index: free bytes, ..., "cpu": bytes}
     memory.pop(torch.cuda.current_device() if dev.index is None else dev.index, None)
     return memory
-
-
-def input_device(model: torch.nn.Module) -> torch.device:
-    """Where the model's inputs go: the device of its input embedding (the first device of a device
-    map), else that of its first parameter."""
-    get = getattr(model, "get_input_embeddings", None)
-    emb = get() if callable(get) else None
-    weight = getattr(emb, "weight", None)
-    if isinstance(weight, torch.Tensor) and weight.device.type != "meta":
-        return weight.device
-    return next(model.parameters()).device
-
-
-def output_device(model: torch.nn.Module) -> torch.device:
-    """Where the model's logits are made: the device of its output head (the last of a device map),
-    else where its inputs go."""
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    weight = getattr(head, "weight", None)
-    if isinstance(weight, torch.Tensor) and weight.device.type != "meta":
-        return weight.device
-    return input_device(model)
-
-
-def model_devices(model: torch.nn.Module) -> tuple[torch.device, ...]:
-    """Every device holding some of the model's weights, the input device first (one for a model not
-    spread by a device map)."""
-    first = input_device(model)
-    seen = {first: None}
-    for t in (*model.parameters(), *model.buffers()):
-        if t.device.type != "meta":
-            seen.setdefault(t.device, None)
-    return tuple(seen)

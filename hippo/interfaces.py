@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import attrs
 import torch
 
-from hippo.devices import input_device, model_devices
 from hippo.errors import ConfigError, UnsupportedError
+from hippo.placement import input_device, model_devices
 
 if TYPE_CHECKING:
     from hippo.proposal import DraftProposal, TokenPolicy, Verdict

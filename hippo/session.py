@@ -11,13 +11,13 @@ from typing import Any
 import attrs
 import torch
 
-from hippo.devices import input_device, output_device
 from hippo.errors import ConfigError, UnsupportedError
 from hippo.forward import embeddable, embedding_rows, step_logits
 from hippo.gqa import grouped_query_sdpa
 from hippo.interfaces import ModelSession
 from hippo.kvcache import keep_rows
 from hippo.packed import MAX_ROWS, PackedLinears
+from hippo.placement import input_device, output_device
 
 #: (start, k) -> position ids [P, 1, k] for the logical tokens start .. start+k-1 after the prompt
 PositionFn = Callable[[int, int], torch.Tensor]

@@ -80,10 +80,10 @@ from hippo.cost import (
     measure_verify_curve,
     rates,
 )
-from hippo.devices import input_device, model_devices
 from hippo.errors import ConfigError
 from hippo.interfaces import Scheduler
 from hippo.job import DecodeJob
+from hippo.placement import input_device, model_devices
 from hippo.plugins.auto_executor import choose as choose_executor
 from hippo.plugins.auto_executor import usable_cores
 from hippo.registry import lookup

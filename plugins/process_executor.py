@@ -37,10 +37,10 @@ import torch.multiprocessing as mp
 from hippo import hookimpl
 from hippo.compat import drop_output_capturing_hooks, register_output_capturing
 from hippo.context import DraftPrefix, EncodingStore
-from hippo.devices import input_device
 from hippo.draft import DraftSide
 from hippo.executor import DraftFailure, DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
+from hippo.placement import input_device
 from hippo.proposal import DraftProposal
 from hippo.validators import positive_int
 
