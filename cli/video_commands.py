@@ -276,6 +276,14 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
         lines.append(f"plan: schedule {plan['schedule']}: {plan['why']}")
         lines.append(f"  predicted tokens/s: {_rates(plan['tokens_per_second'])}")
         lines.append(f"  if the draft were always right: {_rates(plan['tokens_per_second_if_always_right'])}")
+    measured = plan.get("measured")
+    if measured:
+        alpha, rate = measured["alpha"], measured["tokens_per_second"]
+        lines.append(
+            "  measured: "
+            + ("no drafted round" if alpha is None else f"α {alpha:.2f}")
+            + ("" if rate is None else f", {rate:.1f} tokens/s after the first token")
+        )
     keep = plan.get("keep")
     if keep:
         options = ", ".join(

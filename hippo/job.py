@@ -336,6 +336,16 @@ class DecodeJob:
         none ran here)."""
         return None if self._draft is None else self._draft.seconds_prefill
 
+    @property
+    def seconds_decoding(self) -> float:
+        """Seconds since the first token was emitted (to `finish` once finished; 0 before it): the
+        decode phase, which the planner's predicted tokens/s are about."""
+        s = self.stats
+        if not self.tokens:
+            return 0.0
+        end = s.seconds_total if s.seconds_total else time.perf_counter() - self._t0
+        return max(0.0, end - s.seconds_ttft)
+
     def finish(self) -> None:
         s = self.stats
         s.new_tokens = len(self.tokens)

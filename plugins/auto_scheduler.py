@@ -559,9 +559,16 @@ class AutoScheduler(Scheduler):
         self._carry(job)
 
     def _carry(self, job: DecodeJob) -> None:
-        """Count the job's rounds in the α the pipeline's next job starts from, and in the α of its keep
-        ratio and video length; keep its answer's length and q's step and prefill."""
+        """Put the job's measured α and decode-phase tokens/s (after its first token; a batch row's
+        share of its batch's time) on its plan as "measured"; count its rounds in the α the pipeline's
+        next job starts from, and in the α of its keep ratio and video length; keep its answer's length
+        and q's step and prefill."""
         s = job.stats
+        decoding, tokens = job.seconds_decoding, len(job.tokens)
+        s.plan["measured"] = {  # the outcome, beside the prediction (`choose`'s record)
+            "alpha": s.acceptance_rate if s.rounds else None,
+            "tokens_per_second": (tokens - 1) / decoding if tokens > 1 and decoding > 0 else None,
+        }
         self.drafted_jobs += bool(s.rounds)
         self.acceptance.update(s)
         self.acceptance.seen = 0

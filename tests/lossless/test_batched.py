@@ -401,6 +401,7 @@ def test_the_default_pipeline_decodes_a_batch_together():
         r = got[rec.id]
         assert any("batch of 3" in n for n in r.stats.notes), r.stats.notes
         assert r.stats.plan["batch"] == 3 and r.stats.plan["schedule"] in ("serial", "autoregressive")
+        assert r.stats.plan["measured"]["tokens_per_second"] > 0  # each row's outcome, beside the plan
         want = hr.reference(target, p.inputs, do_sample=False, **rec.generation)[0, p.length :].tolist()
         assert r.token_ids == want
 

@@ -393,10 +393,16 @@ def test_auto_is_lossless_and_says_what_it_chose(auto_scheduler, tmp_path):
         drafting = [v for k, v in options.items() if k != "autoregressive" and v is not None]
         assert plan["schedule"] == "autoregressive" or options[plan["schedule"]] == max(drafting)
         assert plan["costs"]["t_decode"] > 0 and plan["costs"]["draft_pruned"] > 0
+        measured = plan["measured"]  # the outcome beside the prediction
+        rate = measured["tokens_per_second"]
+        assert rate is None if new == 1 else rate > 0
+        assert measured["alpha"] is None if not out.stats.rounds else 0 <= measured["alpha"] <= 1
+        assert measured["alpha"] == (out.stats.acceptance_rate if out.stats.rounds else None)
     assert json.loads(json.dumps(out.stats.as_dict()))["plan"]["schedule"] == plan["schedule"]
     lines = plan_lines(plan)  # what `hippo generate -v` prints
     assert lines[0] == f"plan: schedule {plan['schedule']}: {plan['why']}"
     assert "predicted tokens/s: autoregressive " in lines[1]
+    assert any(li.startswith("  measured: ") and "tokens/s after the first token" in li for li in lines)
     assert len(list(tmp_path.glob("*.json"))) == 1
 
 
