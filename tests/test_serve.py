@@ -523,6 +523,22 @@ def test_ray_serve_replicas_answer_as_one_process_does(files):
         )
         assert outside.status_code == 403, outside.text
         assert outside.json()["error"]["param"] == "messages[0].content[0].video_url.url"
+        # a non-streamed client hangs up behind Ray's proxy: Serve cancels the request and the
+        # replica frees its row (max_tokens is clamped to the context, ~4000 tokens), as one process does
+        body = {
+            "model": MODEL,
+            "messages": messages(files["long"], "describe the video ."),
+            "max_tokens": 10**6,
+        }
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{env['base']}/v1/chat/completions", json=body, timeout=3)
+        deadline = time.time() + 60
+        while True:
+            metrics = httpx.get(f"{env['base']}/metrics", timeout=10).text
+            if 'hippo_requests_total{status="disconnected"}' in metrics and "hippo_batch_size 0.0" in metrics:
+                break
+            assert time.time() < deadline, metrics[-2000:]
+            time.sleep(0.2)
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=90)
