@@ -61,8 +61,10 @@ class BatchedCache:
     """B rows' KV caches of one model, stacked on the batch dimension, each slot valid or not.
 
     Built from prefilled batch-1 `KVSession`s (their caches are copied; close them afterwards).
-    Row b holds `lengths[b]` logical tokens; `slots[b]` lists the cache slot of each token it
-    consumed after its prompt, in order (rollback invalidates slots from the end).
+    Row b holds `lengths[b]` logical tokens; its prompt fills slots 0 .. `base[b]` - 1 (never rolled
+    back) and `slots[b]` lists the cache slot of each token it consumed after its prompt, in order
+    (rollback invalidates slots from the end). So the slots a row holds are known on the host, and
+    rollback, cropping and compaction read nothing back from `valid`.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class BatchedCache:
         self.positions: list = []
         self.lengths: list[int] = []
         self.slots: list[list[int]] = []
+        self.base: list[int] = []  # each row's prompt slots: 0 .. base[b] - 1
         self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, S]
         self.seconds = 0.0  # wall-clock seconds in forwards
         self.forwards = 0
@@ -108,6 +111,7 @@ class BatchedCache:
         self.positions += [s.positions for s in sessions]
         self.lengths += [int(s.length) for s in sessions]
         self.slots += [[] for _ in sessions]
+        self.base += sizes
 
     @property
     def rows(self) -> int:
@@ -120,6 +124,14 @@ class BatchedCache:
     @property
     def size(self) -> int:  # S: slots per row
         return int(self.valid.shape[1])
+
+    def _held(self, row: int) -> int:
+        """How many slots row `row` holds (its valid ones), from the host's bookkeeping."""
+        return self.base[row] + len(self.slots[row])
+
+    def _end(self, row: int) -> int:
+        """1 + the last slot row `row` holds (its consumed slots all lie after its prompt's)."""
+        return self.slots[row][-1] + 1 if self.slots[row] else self.base[row]
 
     @torch.inference_mode()
     def forward(self, blocks: Sequence[Sequence[int]]) -> torch.Tensor:  # -> logits [B, W, V]
@@ -151,7 +163,8 @@ class BatchedCache:
         )  # [P, B, W] | [B, W]
         real = torch.arange(W)[None] < torch.tensor(widths)[:, None]  # [B, W]
         # no holes and no dummies: the model's own causal mask, as a session's forward
-        mask = None if min(widths) == W and bool(self.valid.all()) else self._mask(B, W)
+        full = all(self._held(b) == S for b in range(B))  # every slot valid, on the host's books
+        mask = None if min(widths) == W and full else self._mask(B, W)
         kernels = self.packed.rows(B * W, self.max_rows) if self.packed is not None else nullcontext()
         with kernels, grouped_query_sdpa(self.device):
             logits = step_logits(
@@ -200,9 +213,9 @@ class BatchedCache:
             del self.slots[row][-drop:]
             self.valid[row, gone] = False
             self.lengths[row] = length
-            held = self.valid.any(0)  # [S]
-            if not bool(held[-1]):  # trailing slots no row holds: crop them (`_crop`)
-                self._crop(int(held.nonzero().max()) + 1 if bool(held.any()) else 0)
+            end = max(self._end(b) for b in range(self.rows))
+            if end < self.size:  # trailing slots no row holds: crop them (`_crop`)
+                self._crop(end)
 
     def verify_curve(self, widths: Sequence[int], repeats: int = 2) -> VerifyCurve:
         """t_verify(B, k) of this batch (B = its rows): forwards of k filler tokens in every row, each
@@ -219,7 +232,7 @@ class BatchedCache:
     @torch.inference_mode()
     def _crop(self, size: int) -> None:
         """Drop the slots from `size` on (all invalid: rolled back)."""
-        if bool(self.valid[:, size:].any()):
+        if any(self._end(b) > size for b in range(self.rows)):
             raise RuntimeError("cannot crop valid slots")
         for layer in self.cache.layers:
             layer.keys, layer.values = layer.keys[:, :, :size], layer.values[:, :, :size]
@@ -238,25 +251,25 @@ class BatchedCache:
         self.positions = [self.positions[r] for r in rows]
         self.lengths = [self.lengths[r] for r in rows]
         self.slots = [self.slots[r] for r in rows]
+        self.base = [self.base[r] for r in rows]
         self.maybe_compact()
 
     @torch.inference_mode()
     def maybe_compact(self) -> None:
         """Gather each row's valid slots to the front when the holes pass the threshold."""
-        counts = self.valid.sum(1)  # [B]
-        keep = int(counts.max()) if self.rows else 0
+        counts = [self._held(b) for b in range(self.rows)]
+        keep = max(counts, default=0)
         holes = self.size - keep
         if holes < max(COMPACT_MIN, COMPACT_SHARE * self.size):
             return
         order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :keep]  # [B, keep]
-        rank = self.valid.long().cumsum(1) - 1  # [B, S]: new slot of each valid slot
         for layer in self.cache.layers:
             B, H, _, D = layer.keys.shape
             g = order.to(layer.keys.device)[:, None, :, None].expand(B, H, keep, D)
             layer.keys, layer.values = layer.keys.gather(2, g), layer.values.gather(2, g)
-        ranks = rank.tolist()  # one read for every row
-        self.slots = [[ranks[b][i] for i in s] for b, s in enumerate(self.slots)]
-        self.valid = torch.arange(keep)[None] < counts[:, None]  # [B, keep]
+        # the stable gather keeps each row's order: its prompt stays in front, its consumed tokens follow
+        self.slots = [list(range(base, base + len(s))) for base, s in zip(self.base, self.slots)]
+        self.valid = torch.arange(keep)[None] < torch.tensor(counts)[:, None]  # [B, keep]
 
 
 class SessionRow:

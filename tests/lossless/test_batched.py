@@ -669,6 +669,59 @@ def test_a_batch_of_one_crops_what_it_rolls_back_and_runs_without_a_mask(monkeyp
     assert masks == [False, False, True]
 
 
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_the_host_books_of_a_stacked_cache_match_its_slots(data):
+    """The slots each row holds are kept on the host (its prompt's `base` and its consumed `slots`), so
+    rollback, cropping and compaction read nothing back: after every forward (rows of different
+    widths, dummies included), rollback, join, row selection and compaction (eager or not), the
+    books name exactly the valid slots; after a rollback of some tokens the last slot is held by some row (the tail
+    no row holds is cropped)."""
+    target = hm.tiny("qwen2_5_vl", "target")
+    adapter = hippo.registry.lookup("adapters", "qwen2_5_vl")(target)
+    prompts = fixed_prompts("qwen2_5_vl", target)
+
+    def session(i: int):
+        return adapter.prefill(adapter.encode(prompts[i % len(prompts)].inputs), None)
+
+    def check(cache: hst.BatchedCache, cropped: bool = False) -> None:
+        S = cache.size
+        for b in range(cache.rows):
+            books = torch.zeros(S, dtype=torch.bool)
+            books[: cache.base[b]] = True
+            books[cache.slots[b]] = True
+            assert torch.equal(cache.valid[b], books), (b, cache.base[b], cache.slots[b])
+        assert not cropped or S == 0 or bool(cache.valid[:, -1].any())
+
+    saved = hst.COMPACT_MIN, hst.COMPACT_SHARE
+    if data.draw(st.booleans(), label="compact eagerly"):
+        hst.COMPACT_MIN, hst.COMPACT_SHARE = 1, 0.0
+    try:
+        cache = hst.BatchedCache([session(0), session(1)])
+        check(cache)
+        for _ in range(data.draw(st.integers(3, 10), label="operations")):
+            op = data.draw(st.sampled_from(["forward", "rollback", "join", "select"]), label="op")
+            if op == "forward":
+                widths = data.draw(st.lists(st.integers(0, 3), min_size=cache.rows, max_size=cache.rows))
+                if max(widths) == 0:
+                    widths[0] = 1
+                cache.forward([[7] * w for w in widths])
+            elif op == "rollback":
+                b = data.draw(st.integers(0, cache.rows - 1), label="row")
+                drop = data.draw(st.integers(0, len(cache.slots[b])), label="drop")
+                cache.rollback(b, cache.lengths[b] - drop)
+                check(cache, cropped=drop > 0)
+            elif op == "join" and cache.rows < 4:
+                cache.join([session(cache.rows)])
+            elif op == "select" and cache.rows > 1:
+                keep = data.draw(st.lists(st.integers(0, cache.rows - 1), min_size=1, unique=True))
+                cache.select(keep)
+            cache.maybe_compact()
+            check(cache)
+    finally:
+        hst.COMPACT_MIN, hst.COMPACT_SHARE = saved
+
+
 class EveryThird(hippo.Scheduler):
     """A third-party schedule that is policy only: γ = 3 in every round, alone or in a batch, decoded
     on the engine loop both ways."""
