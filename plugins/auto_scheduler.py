@@ -559,8 +559,8 @@ class AutoScheduler(Scheduler):
         self._carry(job)
 
     def _carry(self, job: DecodeJob) -> None:
-        """Put the job's measured α and decode-phase tokens/s (after its first token; a batch row's
-        share of its batch's time) on its plan as "measured"; count its rounds in the α the pipeline's
+        """Put the job's measured α and decode-phase tokens/s (after its first token; a batch row's own
+        tokens over a time it shares with its batch) on its plan as "measured"; count its rounds in the α the pipeline's
         next job starts from, and in the α of its keep ratio and video length; keep its answer's length
         and q's step and prefill."""
         s = job.stats
