@@ -202,6 +202,10 @@ def parse_messages(
                     f"{where}.content[{j}]: only one video, in the first user message, is supported",
                     f"{where}.content[{j}]",
                 )
+            elif kind == "text":
+                raise BadRequest(
+                    400, f"{where}.content[{j}].text must be a string", f"{where}.content[{j}].text"
+                )
             else:
                 raise BadRequest(
                     400,
@@ -250,6 +254,13 @@ def _video_path(value: Any, where: str, media_dir: str) -> str:
             403 if parsed.scheme in ("http", "https") else 400,
             f"{where}.url {url!r} is not a file:// URL; hippo serve reads local files under "
             "--media-dir and fetches no URL",
+            f"{where}.url",
+        )
+    if parsed.netloc not in ("", "localhost"):  # file://clip.mp4 names a host, not a file
+        raise BadRequest(
+            400,
+            f"{where}.url {url!r} names the host {parsed.netloc!r}; give an absolute path after "
+            "file:// (file:///path/to/clip.mp4)",
             f"{where}.url",
         )
     path = unquote(parsed.path)

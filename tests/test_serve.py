@@ -241,6 +241,8 @@ def test_a_seeded_sample_reproduces_whatever_shares_its_batch(server):
         ({"model": MODEL, "messages": "M", "stream_options": {"include_usage": True}}, 400, "stream_options"),
         ({"model": MODEL, "messages": "M", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
         ({"model": MODEL, "messages": [1]}, 400, "messages[0]"),
+        ({"model": MODEL, "messages": "HOSTURL"}, 400, "messages[0].content[0].video_url.url"),
+        ({"model": MODEL, "messages": "TEXTNOTSTR"}, 400, "messages[0].content[1].text"),
     ],
 )
 def test_bad_requests_get_openai_errors_and_the_server_stays_healthy(server, body, status, param):
@@ -265,6 +267,18 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_healthy(server, bod
         "NUL": messages(Path(f"{server['media']}/a\x00b.mp4"), "what happens ?"),
         "NULPCT": messages(Path(f"{server['media']}/a%00b.mp4"), "what happens ?"),
         "LONGPATH": messages(server["media"] / ("x" * 5000 + ".mp4"), "what happens ?"),
+        "HOSTURL": [  # file://clip.mp4: a host, not a file
+            {"role": "user", "content": [{"type": "video_url", "video_url": {"url": "file://short.mp4"}}]}
+        ],
+        "TEXTNOTSTR": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "video_url", "video_url": {"url": video}},
+                    {"type": "text", "text": [1]},
+                ],
+            }
+        ],
         "LATESYSTEM": [
             *messages(server["short"], "what happens ?"),
             {"role": "system", "content": "be brief"},
