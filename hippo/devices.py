@@ -4,13 +4,11 @@ The paper's deployment shards a 72B target over three GPUs and puts the 7B draft
 target loaded with `from_pretrained(device_map=...)` (accelerate's named maps `auto`, `balanced`,
 `balanced_low_0`, `sequential`, or a {module name: device} dict) has its input embedding on the first
 device of the map and its output head on the last; accelerate's hooks move each module's inputs to
-its device. hippo therefore feeds a model's inputs to the device of its input embedding
-(`input_device`), takes its logits wherever they come out, and compares the draft's tokens with the
-target's logits after moving one to the other (or to the CPU): never by a single `model.device`.
+its device.
 
 This module checks a map before anything loads (`resolve_device_map`: a name, a JSON file or a dict;
-devices that exist; accelerate installed). Where a loaded model lives (`input_device`,
-`output_device`, `model_devices`) is `hippo.placement`'s, re-exported here.
+devices that exist; accelerate installed). How hippo then reads where a loaded model lives
+(`input_device`, `output_device`, `model_devices`) is `hippo.placement`'s, re-exported here.
 """
 
 from __future__ import annotations
