@@ -178,7 +178,9 @@ def process_rows(
     logits: torch.Tensor,  # [n+1, V] raw target logits, as `ModelSession.score_proposal` returns them
 ) -> torch.Tensor:  # [n+1, V]
     """Each row through the policy's logits processors, with the sequence that row conditions on."""
-    if proposal.chain or not policy.processors:  # row i conditions on prefix + tokens[:i]
+    if not policy.processors:  # nothing reads the sequence: a device's draft tokens stay there
+        return policy.process(prefix, logits)
+    if proposal.chain:  # row i conditions on prefix + tokens[:i]
         seq = torch.cat([prefix, proposal.tokens.cpu()])[: prefix.shape[0] + logits.shape[0] - 1]
         return policy.process(seq, logits)
     tokens = proposal.tokens.cpu()
@@ -251,13 +253,13 @@ def accept_rows(
     sampling for sampled rows, each sampled row drawing from its own generator."""
     B, W, V = scores.shape
     G, dev = W - 1, scores.device
-    tokens = torch.zeros(B, G, dtype=torch.long)
+    tokens = torch.zeros(B, G, dtype=torch.long, device=dev)  # [B, γ]: copied where they are, not read
     for b, prop in enumerate(proposals):
-        tokens[b, : prop.size] = prop.tokens.cpu()
+        tokens[b, : prop.size] = prop.tokens.to(dev)
     sizes = torch.tensor([prop.size for prop in proposals])
     sampled = [pol.do_sample and not greedy for pol in policies]
     if not any(sampled):
-        return accept_chains(tokens.to(dev), sizes.to(dev), scores)
+        return accept_chains(tokens, sizes.to(dev), scores)
     q = torch.zeros(B, G, V, dtype=torch.float64, device=dev)  # [B, γ, V], filled where q's laws are
     uniforms, races = torch.ones(B, G, dtype=torch.float64), torch.ones(B, V, dtype=torch.float64)
     for b, (prop, pol) in enumerate(zip(proposals, policies)):
@@ -268,7 +270,7 @@ def accept_rows(
         q[b, :n] = one_hot(prop.tokens.cpu(), V) if law is None else law[:, :V].to(dev, torch.float64)
         uniforms[b], races[b] = chain_draws(pol, n, V, G)
     return accept_chains(
-        tokens.to(dev), sizes.to(dev), scores, torch.tensor(sampled, device=dev), q,
+        tokens, sizes.to(dev), scores, torch.tensor(sampled, device=dev), q,
         uniforms.to(dev), races.to(dev),
     )  # fmt: skip
 
@@ -291,18 +293,35 @@ def vectorised(verifier: Any) -> Callable | None:
 
 def decide(
     verifier: Any,
-    proposals: Sequence[DraftProposal],  # B proposals (chains or trees), on the host
+    proposals: Sequence[DraftProposal],  # B proposals (chains or trees)
     scores: torch.Tensor,  # [B, W, V] processed p scores; row b's first size + 1 positions are its own
     policies: Sequence[TokenPolicy],
 ) -> list[Verdict]:
     """Every row's verdict: one vectorised call where the verifier has one and every proposal is a
     chain (one host read for the whole batch), else the verifier's `verify` row by row."""
+    return decide_reading(verifier, proposals, scores, policies)[0]
+
+
+def decide_reading(
+    verifier: Any,
+    proposals: Sequence[DraftProposal],
+    scores: torch.Tensor,  # [B, W, V]
+    policies: Sequence[TokenPolicy],
+    also: torch.Tensor | None = None,  # [B, K] long on any device: read with the verdicts
+) -> tuple[list[Verdict], list[list[int]] | None]:
+    """`decide`, and `also` read back in the same read as the verdicts (the round's draft tokens that
+    stayed on the device: `hippo.engine` reads them only here, so a round reads the host once)."""
     rule = vectorised(verifier)
     if rule is not None and all(prop.chain for prop in proposals):
         accepted, nxt = rule(proposals, scores, policies)
-        both = torch.stack([accepted, nxt]).tolist()  # the batch's one read of its verdicts
-        return [Verdict(tuple(range(n)), t) for n, t in zip(*both)]
-    return [
+        both = torch.stack([accepted, nxt], dim=1)  # [B, 2]
+        if also is not None:
+            both = torch.cat([both, also.to(both.device)], dim=1)  # [B, 2 + K]
+        host = both.tolist()  # the batch's one read: its verdicts (and `also`)
+        verdicts = [Verdict(tuple(range(r[0])), r[1]) for r in host]
+        return verdicts, None if also is None else [r[2:] for r in host]
+    verdicts = [
         verifier.verify(prop, scores[b, : prop.size + 1], pol)
         for b, (prop, pol) in enumerate(zip(proposals, policies))
     ]
+    return verdicts, None if also is None else also.tolist()

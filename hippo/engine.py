@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from hippo import interfaces
-from hippo.accept import commit, decide, process_rows
+from hippo.accept import commit, decide_reading, process_rows
 from hippo.cost import GAMMA_START, AutoGamma, GammaPlan
 from hippo.errors import UnsupportedError
 from hippo.executor import DraftFailure
@@ -132,6 +132,7 @@ class _Row:
         self.ahead: tuple[DraftProposal, list[int]] | None = None
         self.gamma = gamma  # a fixed γ for every round (sampled rows), or None: the batch's
         self.draft_generated: list[int] = []
+        self.unread_fed = 0  # tokens of this round's chain, still on the device, that q consumed
         self.seconds_target = 0.0
         self.seconds_draft = 0.0
         self.target_steps = 0  # batched steps of the target alone (γ = 0) while this row was live
@@ -370,7 +371,8 @@ class Engine:
         wanted = [g if row.gamma is None else row.gamma for row in rows]  # 0: the target alone
         gammas = [min(w, row.job.remaining - 1) for w, row in zip(wanted, rows)]  # as batch 1 clamps
         proposals: list[DraftProposal | None] = [None] * len(rows)
-        chains: list[list[int]] = [[] for _ in rows]  # each row's draft tokens, on the host
+        # each row's draft tokens on the host (None: still on the device, read with the verdicts)
+        chains: list[list[int] | None] = [[] for _ in rows]
         # beside p, a row whose last block was all accepted has its next one drafted already
         # (post-verify), verified whatever γ is now; the others draft one token here and the rest
         # beside p (pre-verify)
@@ -378,8 +380,8 @@ class Engine:
         if any(wanted) or any(r is not None for r in ready):
             inline = [0 if r is not None else min(1, g) if self.overlap else g for r, g in zip(ready, gammas)]
             drafted: list[DraftProposal] = [_EMPTY] * len(rows)
-            if any(inline):
-                drafted, chains = self._drafted(rows, inline)
+            if any(inline):  # serial: greedy chains stay on the device until the verdicts' read
+                drafted, chains = self._drafted(rows, inline, read=self.overlap)
             # a block drafted ahead is verified whole where γ is fixed (the synchronous prefill's
             # buffer is longer than γ), cut to this round's γ where it is re-chosen each round
             # (GAMMA_START where the plan chose p alone: it costs no drafting)
@@ -462,10 +464,15 @@ class Engine:
         self.gamma, self.overlap, self.worker = 0, False, None
 
     def _drafted(
-        self, rows: Sequence[_Row], gammas: Sequence[int], bases: Sequence[list[int]] | None = None
-    ) -> tuple[list[DraftProposal], list[list[int]]]:
+        self,
+        rows: Sequence[_Row],
+        gammas: Sequence[int],
+        bases: Sequence[list[int]] | None = None,
+        read: bool = True,
+    ) -> tuple[list[DraftProposal], list[list[int] | None]]:
         """Each row's draft of `gammas[b]` tokens after its emitted tokens (or after `bases[b]`, the
-        tokens after the prompt it continues), booked on the draft's clock and the rows' timelines."""
+        tokens after the prompt it continues), booked on the draft's clock and the rows' timelines.
+        `read=False`: greedy chains stay on the device (None), read with the verdicts (`_draft`)."""
         if self.worker is not None:  # a job alone whose draft is behind its executor
             try:
                 prop = self.worker.draft(rows[0].job, gammas[0])
@@ -476,7 +483,7 @@ class Engine:
         draft, t0, f0, clock = self.draft, self.draft.seconds, self.draft.forwards, time.perf_counter()
         if self.rewrite is not None:  # every row's chain, batched
             policies = [row.draft_policy for row in rows]
-            drafted, chains = _draft(draft, rows, gammas, self.rewrite, bases, policies)
+            drafted, chains = _draft(draft, rows, gammas, self.rewrite, bases, policies, read)
         else:  # a job on its own sessions whose drafter has no batched form: it drafts itself
             drafted = [row.side.propose(row.job.prefix(), g) for row, g in zip(rows, gammas)]
             chains = [prop.tokens.tolist() for prop in drafted]
@@ -669,13 +676,16 @@ def _draft(
     rewrite: Callable[[DraftProposal, int], DraftProposal],
     bases: Sequence[list[int]] | None = None,  # the tokens after each row's prompt it continues
     policies: Sequence[Any] | None = None,  # each row's draft policy (default: its job's)
-) -> tuple[list[DraftProposal], list[list[int]]]:  # and each row's chain on the host
+    read: bool = True,
+) -> tuple[list[DraftProposal], list[list[int] | None]]:  # and each row's chain on the host
     """Each row's chain of `gammas[b]` draft tokens (0: none this round), batched as the `chain`
     drafter drafts one row: q first catches up on the tokens emitted since it last ran (rolling back
     what was not accepted), then feeds each of its tokens but the last.
 
     Rows that draft greedily with no logits processor keep their tokens on the device: one argmax
-    for all of them a step, fed straight back, and one read of the whole [B, γ] table at the end.
+    for all of them a step, fed straight back, and one read of the whole [B, γ] table at the end;
+    `read=False`: not even that one (their chains are None, their proposals' tokens stay on the
+    device, and `_verify` reads them with the verdicts, then `_fed` books what q consumed).
     A sampled or processed row draws each token on the host (its processors read its sequence)."""
     B = len(rows)
     blocks: list[list[int]] = []  # what each row feeds first: the tokens emitted since q last ran
@@ -728,39 +738,68 @@ def _draft(
             fed[b] += widths[b]
         table[:, step] = col
         ids = col[:, None]  # [B, 1]
-    read = table.tolist() if any(plain) and steps else None  # the drafting's one read
-    chains = [drawn[b] if not plain[b] else read[b][: made[b]] if read else [] for b in range(B)]
+    if not read and rewrite is _unchanged:  # the plain rows' chains stay on the device
+        out: list[DraftProposal] = []
+        chains_or_none: list[list[int] | None] = []
+        for b, row in enumerate(rows):
+            if plain[b] and made[b]:
+                row.unread_fed = fed[b]
+                out.append(DraftProposal(tokens=table[b, : made[b]]))
+                chains_or_none.append(None)
+            else:
+                row.draft_generated.extend(drawn[b][: fed[b]])
+                out.append(_host_chain(drawn[b], qs[b]))
+                chains_or_none.append(drawn[b])
+        return out, chains_or_none
+    host = table.tolist() if any(plain) and steps else None  # the drafting's one read
+    chains = [drawn[b] if not plain[b] else host[b][: made[b]] if host else [] for b in range(B)]
     out = []
     for b, row in enumerate(rows):
         row.draft_generated.extend(chains[b][: fed[b]])
-        prop = DraftProposal(
-            tokens=torch.tensor(chains[b], dtype=torch.long), q=torch.stack(qs[b]) if qs[b] else None
-        )
+        prop = _host_chain(chains[b], qs[b])
         out.append(rewrite(prop, vocab if prop.q is None else int(prop.q.shape[-1])) if prop.size else prop)
     if rewrite is not _unchanged:  # a drafter rewrote the chains: their tokens are its
         chains = [prop.tokens.tolist() for prop in out]
     return out, chains
 
 
+def _host_chain(tokens: list[int], qs: list[torch.Tensor]) -> DraftProposal:
+    return DraftProposal(tokens=torch.tensor(tokens, dtype=torch.long), q=torch.stack(qs) if qs else None)
+
+
 def _verify(
     target: BatchedCache | SessionRow,
     rows: Sequence[_Row],
     proposals: Sequence[DraftProposal | None],
-    chains: Sequence[list[int]],  # each proposal's tokens on the host
+    chains: list[list[int] | None],  # each proposal's tokens on the host; None: still on the device
 ) -> None:
     """One target forward for all rows: each row's pending token and its draft tokens; then the
     verdicts of all rows in one call per verifier (`decide`), and each row keeps its accepted tokens
     in p's cache and emits them (`commit`), or, without a proposal, emits p's next token. A token
-    tree (a job on its own session) is scored in one masked pass of that session instead."""
+    tree (a job on its own session) is scored in one masked pass of that session instead.
+
+    A chain still on the device (`chains[b]` None) is fed to p from there and read back with the
+    verdicts, in their one read; `chains[b]` then holds it."""
     t0 = time.perf_counter()
     blocks = []
     for b, (row, prop) in enumerate(zip(rows, proposals)):
         if target.lengths[b] != row.job.length - 1:
             raise RuntimeError(f"row {b}: p holds {target.lengths[b]} tokens, expected {row.job.length - 1}")
-        blocks.append([row.job.tokens[-1], *([] if prop is None else chains[b])])
+        blocks.append([row.job.tokens[-1], *([] if prop is None or chains[b] is None else chains[b])])
     tree = next((prop for prop in proposals if prop is not None and not prop.chain), None)
+    unread = [b for b, prop in enumerate(proposals) if prop is not None and chains[b] is None]
     if tree is None:
-        logits = target.forward(blocks)  # [B, W, V]
+        if unread:  # [B, W]: the host's tokens, then the device's chains copied in where they are
+            widths = [len(blk) + (proposals[b].size if b in unread else 0) for b, blk in enumerate(blocks)]
+            ids = torch.zeros(len(blocks), max(widths), dtype=torch.long)
+            for b, blk in enumerate(blocks):
+                ids[b, : len(blk)] = torch.tensor(blk, dtype=torch.long)
+            ids = ids.to(target.device)
+            for b in unread:
+                ids[b, 1 : widths[b]] = proposals[b].tokens.to(target.device)
+            logits = target.forward_ids(ids, widths)  # [B, W, V]
+        else:
+            logits = target.forward(blocks)  # [B, W, V]
         keep = lambda b, T, path: target.rollback(b, T + len(path))  # noqa: E731
     else:  # a job alone (`SessionRow`): its tree in one masked pass
         (row,) = rows
@@ -797,15 +836,26 @@ def _verify(
         groups.setdefault(id(rows[b].job.verifier), []).append(i)
     for members in groups.values():
         jobs = [rows[drafted[i]].job for i in members]
+        props = [proposals[drafted[i]] for i in members]
+        also = None  # [B', γ]: the members' chains, where some are still on the device
+        if any(drafted[i] in unread for i in members):
+            also = torch.zeros(len(members), max(prop.size for prop in props), dtype=torch.long,
+                               device=stacked.device)  # fmt: skip
+            for j, prop in enumerate(props):
+                also[j, : prop.size] = prop.tokens.to(stacked.device)
         try:
-            verdicts = decide(
-                jobs[0].verifier, [proposals[drafted[i]] for i in members], stacked[members],
-                [job.policy for job in jobs],
-            )  # fmt: skip
+            verdicts, host = decide_reading(
+                jobs[0].verifier, props, stacked[members], [job.policy for job in jobs], also
+            )
         except Exception as exc:  # the verifier failed: its rows leave, the others go on
             for i in members:
                 rows[drafted[i]].error = exc
             continue
+        for j, i in enumerate(members):
+            b = drafted[i]
+            if chains[b] is None:  # read with the verdicts: now q's consumed tokens are known
+                chains[b] = host[j][: props[j].size]
+                rows[b].draft_generated.extend(chains[b][: rows[b].unread_fed])
         for i, job, verdict in zip(members, jobs, verdicts):
             b = drafted[i]
             try:
