@@ -380,8 +380,8 @@ class Engine:
         if any(wanted) or any(r is not None for r in ready):
             inline = [0 if r is not None else min(1, g) if self.overlap else g for r, g in zip(ready, gammas)]
             drafted: list[DraftProposal] = [_EMPTY] * len(rows)
-            if any(inline):  # serial: greedy chains stay on the device until the verdicts' read
-                drafted, chains = self._drafted(rows, inline, read=self.overlap)
+            if any(inline):  # greedy chains stay on the device until the verdicts' read
+                drafted, chains = self._drafted(rows, inline, read=False)
             # a block drafted ahead is verified whole where γ is fixed (the synchronous prefill's
             # buffer is longer than γ), cut to this round's γ where it is re-chosen each round
             # (GAMMA_START where the plan chose p alone: it costs no drafting)
@@ -397,18 +397,20 @@ class Engine:
             ]
         beside, starts = None, [len(row.job.tokens) for row in rows]  # tokens emitted before the round
         if self.overlap and any(wanted) and self.drafting:  # q drafts each row's next block meanwhile
-            # after each row's block (a tree's first-child chain): where its draft continues
+            # after each row's block (a tree's first-child chain): where its draft continues; a chain
+            # still on the device (its one token drafted here) is fed to q from there (`tails`)
+            tails = [p.tokens if p is not None and c is None else None for p, c in zip(proposals, chains)]
             spines = [
-                c if p is None or p.chain else p.spine_tokens().tolist() for p, c in zip(proposals, chains)
+                [] if t is not None else c if p is None or p.chain else p.spine_tokens().tolist()
+                for p, c, t in zip(proposals, chains, tails)
             ]
             bases = [row.job.tokens + spine for row, spine in zip(rows, spines)]
-            more = [
-                min(w + 1, row.job.remaining - len(c)) if w else 0 for row, w, c in zip(rows, wanted, spines)
-            ]
+            sizes = [len(c) if t is None else t.shape[0] for c, t in zip(spines, tails)]
+            more = [min(w + 1, row.job.remaining - n) if w else 0 for row, w, n in zip(rows, wanted, sizes)]
             if self.worker is not None:
                 beside = self.worker.start(rows[0].job, more[0], bases[0])
             else:
-                beside = self._beside.start(lambda: self._drafted(rows, more, bases))
+                beside = self._beside.start(lambda: self._drafted(rows, more, bases, tails=tails))
         for row, prop in zip(rows, proposals):
             row.batch_sizes.append(len(rows))
             if prop is None:
@@ -422,7 +424,12 @@ class Engine:
         finally:
             nxt = None  # never left running
             if beside is not None:  # p accepted all of row b's block: its emitted tokens go on with it
-                accepted = [row.job.tokens[n : n + len(sp)] == sp for row, n, sp in zip(rows, starts, spines)]
+                # a tail was read with the verdicts (`chains[b]`; None where its row failed)
+                spines = [sp if t is None else chains[b] for b, (sp, t) in enumerate(zip(spines, tails))]
+                accepted = [
+                    sp is not None and row.job.tokens[n : n + len(sp)] == sp
+                    for row, n, sp in zip(rows, starts, spines)
+                ]
                 nxt = self._collect(beside, accepted)
         for row in rows:
             row.seconds_target += target.seconds - t0
@@ -469,10 +476,12 @@ class Engine:
         gammas: Sequence[int],
         bases: Sequence[list[int]] | None = None,
         read: bool = True,
+        tails: Sequence[torch.Tensor | None] | None = None,
     ) -> tuple[list[DraftProposal], list[list[int] | None]]:
         """Each row's draft of `gammas[b]` tokens after its emitted tokens (or after `bases[b]`, the
         tokens after the prompt it continues), booked on the draft's clock and the rows' timelines.
-        `read=False`: greedy chains stay on the device (None), read with the verdicts (`_draft`)."""
+        `read=False`: greedy chains stay on the device (None), read with the verdicts (`_draft`);
+        `tails[b]`: tokens on the device that continue `bases[b]` (`_draft`)."""
         if self.worker is not None:  # a job alone whose draft is behind its executor
             try:
                 prop = self.worker.draft(rows[0].job, gammas[0])
@@ -483,7 +492,7 @@ class Engine:
         draft, t0, f0, clock = self.draft, self.draft.seconds, self.draft.forwards, time.perf_counter()
         if self.rewrite is not None:  # every row's chain, batched
             policies = [row.draft_policy for row in rows]
-            drafted, chains = _draft(draft, rows, gammas, self.rewrite, bases, policies, read)
+            drafted, chains = _draft(draft, rows, gammas, self.rewrite, bases, policies, read, tails)
         else:  # a job on its own sessions whose drafter has no batched form: it drafts itself
             drafted = [row.side.propose(row.job.prefix(), g) for row, g in zip(rows, gammas)]
             chains = [prop.tokens.tolist() for prop in drafted]
@@ -491,7 +500,8 @@ class Engine:
         for b, (row, prop, g) in enumerate(zip(rows, drafted, gammas)):
             row.seconds_draft += draft.seconds - t0
             if g and self.rewrite is not None:  # (a drafter books its own)
-                pos = row.job.prompt_ids.shape[0] + len(row.job.tokens if bases is None else bases[b])
+                tail = 0 if tails is None or tails[b] is None else tails[b].shape[0]
+                pos = row.job.prompt_ids.shape[0] + len(row.job.tokens if bases is None else bases[b]) + tail
                 row.job.observe("draft", "draft", clock, pos=pos, n=prop.size, depth=prop.depth,
                                 gamma=g, stopped=False)  # fmt: skip
         return drafted, chains
@@ -677,6 +687,7 @@ def _draft(
     bases: Sequence[list[int]] | None = None,  # the tokens after each row's prompt it continues
     policies: Sequence[Any] | None = None,  # each row's draft policy (default: its job's)
     read: bool = True,
+    tails: Sequence[torch.Tensor | None] | None = None,  # [k] on the device: after bases[b], fed too
 ) -> tuple[list[DraftProposal], list[list[int] | None]]:  # and each row's chain on the host
     """Each row's chain of `gammas[b]` draft tokens (0: none this round), batched as the `chain`
     drafter drafts one row: q first catches up on the tokens emitted since it last ran (rolling back
@@ -685,7 +696,9 @@ def _draft(
     Rows that draft greedily with no logits processor keep their tokens on the device: one argmax
     for all of them a step, fed straight back, and one read of the whole [B, γ] table at the end;
     `read=False`: not even that one (their chains are None, their proposals' tokens stay on the
-    device, and `_verify` reads them with the verdicts, then `_fed` books what q consumed).
+    device, and `_verify` reads them with the verdicts and books what q consumed). `tails[b]`: tokens
+    still on the device after `bases[b]` (the parallel schedules' one token drafted before p
+    verifies), fed from there with the catch-up and read with this drafting's table.
     A sampled or processed row draws each token on the host (its processors read its sequence)."""
     B = len(rows)
     blocks: list[list[int]] = []  # what each row feeds first: the tokens emitted since q last ran
@@ -706,7 +719,17 @@ def _draft(
     made, fed = [0] * B, [0] * B  # tokens each row drafted, and fed back after the first forward
     drawn: list[list[int]] = [[] for _ in rows]  # a host-drawn row's tokens
     qs: list[list[torch.Tensor]] = [[] for _ in rows]
-    widths, ids, vocab = [len(blk) for blk in blocks], None, 0
+    tails = [None] * B if tails is None else [t if gammas[b] else None for b, t in enumerate(tails)]
+    tail = [0 if t is None else int(t.shape[0]) for t in tails]
+    widths, ids, vocab = [len(blk) + k for blk, k in zip(blocks, tail)], None, 0
+    if any(tail) and steps:  # [B, W]: the host's catch-up, then each device tail copied in where it is
+        ids = torch.zeros(B, max(widths), dtype=torch.long)
+        for b, blk in enumerate(blocks):
+            ids[b, : len(blk)] = torch.tensor(blk, dtype=torch.long)
+        ids = ids.to(draft.device)
+        for b, t in enumerate(tails):
+            if t is not None:
+                ids[b, len(blocks[b]) : widths[b]] = t.to(draft.device)
     for step in range(steps):
         if not any(widths):
             break
@@ -751,7 +774,18 @@ def _draft(
                 out.append(_host_chain(drawn[b], qs[b]))
                 chains_or_none.append(drawn[b])
         return out, chains_or_none
-    host = table.tolist() if any(plain) and steps else None  # the drafting's one read
+    if any(tail) and steps:  # the tails, read with the table: [B, k + γ]
+        k = max(tail)
+        fill = torch.zeros(B, k, dtype=torch.long, device=table.device)
+        for b, t in enumerate(tails):
+            if t is not None:
+                fill[b, : tail[b]] = t.to(table.device)
+        both = torch.cat([fill, table], dim=1).tolist()  # the drafting's one read
+        host = [r[k:] for r in both]
+        for b, row in enumerate(rows):
+            row.draft_generated.extend(both[b][: tail[b]])  # q consumed its tail after its catch-up
+    else:
+        host = table.tolist() if any(plain) and steps else None  # the drafting's one read
     chains = [drawn[b] if not plain[b] else host[b][: made[b]] if host else [] for b in range(B)]
     out = []
     for b, row in enumerate(rows):
