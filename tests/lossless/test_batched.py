@@ -7,6 +7,8 @@ at different rounds. Float64 tiny models on CPU, so equality is exact.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -63,12 +65,15 @@ class Seen:
 
 def draw_rows(data, adapter: str, target, least: int) -> tuple[list[hm.Prompt], list[dict]]:
     """`least`-4 rows: prompts of different videos and lengths, each with its own greedy settings
-    (token budget, EOS position)."""
+    (token budget, EOS position, and maybe a repetition penalty: a processed row drafts on the host
+    while the plain rows beside it keep their draft tokens on the device in the same round)."""
     n = data.draw(st.integers(least, 4), label="rows")
     prompts = [data.draw(hs.prompts(adapter, target), label=f"prompt {i}") for i in range(n)]
     gens = []
     for i, p in enumerate(prompts):
         gen = {"do_sample": False, "max_new_tokens": data.draw(hs.max_new_tokens, label=f"max_new {i}")}
+        if data.draw(st.booleans(), label=f"repetition penalty {i}"):
+            gen["repetition_penalty"] = 1.3
         gens.append(hr.eos_stop(target, p.inputs, gen, data.draw(hs.eos_picks, label=f"EOS pick {i}"))[0])
     return prompts, gens
 
@@ -429,6 +434,16 @@ def test_batch_drafts_what_batch_one_drafts(adapter, corrupting_drafter):
         assert out.stats.accepted_per_round == alone.accepted_per_round
         assert out.stats.drafted_per_round == alone.drafted_per_round
     assert len({o.stats.rounds for o in outs}) > 1  # rows finished at different rounds
+    # the stock chain drafter: the plain rows' draft tokens stay on the device until the verdicts'
+    # read, while a processed row (repetition penalty) drafts on the host in the same rounds
+    stock = hr.build_pipeline(target, target, gamma=4, keep_ratio=0.5)
+    gens[1] = {**gens[1], "max_new_tokens": 12, "repetition_penalty": 1.3}
+    outs = stock.generate_batch([p.inputs for p in prompts], per_row=gens)
+    for out, p, gen in zip(outs, prompts, gens):
+        hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+        alone = stock.generate(p.inputs, **gen).stats
+        assert out.stats.accepted_per_round == alone.accepted_per_round
+        assert out.stats.drafted_per_round == alone.drafted_per_round
 
 
 def test_batched_form_is_refused_where_there_is_none():
@@ -781,3 +796,47 @@ def test_a_job_alone_runs_its_rounds_on_the_engine_loop(monkeypatch):
         hr.assert_same(out, hr.reference(target, p.inputs, max_new_tokens=9), p.length)
         rounds = out.stats.rounds if scheduler == "serial" else out.stats.new_tokens - 1
         assert rounds > 1 and steps == [1] * rounds, scheduler
+
+
+@pytest.mark.parametrize("scheduler", ["serial", "pearl"])
+def test_every_draft_of_a_batch_is_what_a_fresh_draft_drafts(scheduler, monkeypatch):
+    """q's state across rounds (its catch-up, what it consumed, chains kept on the device until the
+    verdicts' read, a block drafted beside p) holds no trace a fresh draft would not: each row's
+    proposal in each round equals q's greedy chain after the row's emitted tokens, drafted from a new
+    prefill of its pruned prompt. A bookkeeping slip leaves the output exact (p verifies every
+    token), so only this shows it. Plain rows beside a processed one (repetition penalty)."""
+    import hippo.engine as he
+
+    target = hm.tiny("qwen2_5_vl", "target")
+    prompts = fixed_prompts("qwen2_5_vl", target)
+    gens = [{"do_sample": False, "max_new_tokens": m} for m in (16, 12, 20)]
+    gens[1]["repetition_penalty"] = 1.3
+    options = {} if scheduler == "serial" else {"executor": THREAD}
+    draft = target if scheduler == "serial" else copy.deepcopy(target)  # a self-draft has no thread
+    pipe = hr.build_pipeline(target, draft, scheduler=scheduler, gamma=4, keep_ratio=0.5, **options)
+    seen, verify = [], he._verify
+
+    def spy(target_cache, rows, proposals, chains):
+        for row, prop in zip(rows, proposals):
+            if prop is not None and prop.size:
+                seen.append((row.job, list(row.job.tokens), prop.tokens.tolist()))
+        return verify(target_cache, rows, proposals, chains)
+
+    monkeypatch.setattr(he, "_verify", spy)
+    outs = pipe.generate_batch([p.inputs for p in prompts], per_row=gens)
+    pipe.close()
+    for out, p, gen in zip(outs, prompts, gens):
+        hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+    assert len({id(job) for job, _, _ in seen}) == 3 and len(seen) > 10
+    for job, emitted, drafted in seen:
+        side = job.new_draft_side()
+        side.prefill(job.kept)
+        logits = side.session.forward(torch.tensor(emitted)) if emitted else None
+        last = side.session.last_logits if logits is None else logits[-1]
+        chain: list[int] = []
+        for _ in drafted:
+            seq = torch.cat([job.prompt_ids, torch.tensor([*emitted, *chain], dtype=torch.long)])
+            x, _ = job.policy.draft_token(seq, last)
+            chain.append(x)
+            last = side.session.forward(torch.tensor([x]))[-1]
+        assert chain == drafted, (emitted, drafted, chain)
