@@ -427,23 +427,22 @@ def test_batch_drafts_what_batch_one_drafts(adapter, corrupting_drafter):
         drafter=corrupting_drafter,
         drafter_options={"wrong": (0, 0, 1)},
     )
-    outs = pipe.generate_batch([p.inputs for p in prompts], per_row=gens)
-    for out, p, gen in zip(outs, prompts, gens):
-        hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
-        alone = pipe.generate(p.inputs, **gen).stats
-        assert out.stats.accepted_per_round == alone.accepted_per_round
-        assert out.stats.drafted_per_round == alone.drafted_per_round
+
+    def drafts_as_alone(pipe) -> list:
+        outs = pipe.generate_batch([p.inputs for p in prompts], per_row=gens)
+        for out, p, gen in zip(outs, prompts, gens):
+            hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+            alone = pipe.generate(p.inputs, **gen).stats
+            assert out.stats.accepted_per_round == alone.accepted_per_round
+            assert out.stats.drafted_per_round == alone.drafted_per_round
+        return outs
+
+    outs = drafts_as_alone(pipe)
     assert len({o.stats.rounds for o in outs}) > 1  # rows finished at different rounds
     # the stock chain drafter: the plain rows' draft tokens stay on the device until the verdicts'
     # read, while a processed row (repetition penalty) drafts on the host in the same rounds
-    stock = hr.build_pipeline(target, target, gamma=4, keep_ratio=0.5)
     gens[1] = {**gens[1], "max_new_tokens": 12, "repetition_penalty": 1.3}
-    outs = stock.generate_batch([p.inputs for p in prompts], per_row=gens)
-    for out, p, gen in zip(outs, prompts, gens):
-        hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
-        alone = stock.generate(p.inputs, **gen).stats
-        assert out.stats.accepted_per_round == alone.accepted_per_round
-        assert out.stats.drafted_per_round == alone.drafted_per_round
+    drafts_as_alone(hr.build_pipeline(target, target, gamma=4, keep_ratio=0.5))
 
 
 def test_batched_form_is_refused_where_there_is_none():
