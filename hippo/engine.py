@@ -722,14 +722,8 @@ def _draft(
     tails = [None] * B if tails is None else [t if gammas[b] else None for b, t in enumerate(tails)]
     tail = [0 if t is None else int(t.shape[0]) for t in tails]
     widths, ids, vocab = [len(blk) + k for blk, k in zip(blocks, tail)], None, 0
-    if any(tail) and steps:  # [B, W]: the host's catch-up, then each device tail copied in where it is
-        ids = torch.zeros(B, max(widths), dtype=torch.long)
-        for b, blk in enumerate(blocks):
-            ids[b, : len(blk)] = torch.tensor(blk, dtype=torch.long)
-        ids = ids.to(draft.device)
-        for b, t in enumerate(tails):
-            if t is not None:
-                ids[b, len(blocks[b]) : widths[b]] = t.to(draft.device)
+    if any(tail) and steps:  # the catch-up, then each tail where it is (else `forward` of the blocks)
+        ids, widths = _padded(blocks, tails, draft.device)
     for step in range(steps):
         if not any(widths):
             break
@@ -776,11 +770,7 @@ def _draft(
         return out, chains_or_none
     if any(tail) and steps:  # the tails, read with the table: [B, k + γ]
         k = max(tail)
-        fill = torch.zeros(B, k, dtype=torch.long, device=table.device)
-        for b, t in enumerate(tails):
-            if t is not None:
-                fill[b, : tail[b]] = t.to(table.device)
-        both = torch.cat([fill, table], dim=1).tolist()  # the drafting's one read
+        both = torch.cat([_padded([[]] * B, tails, table.device)[0], table], dim=1).tolist()  # one read
         host = [r[k:] for r in both]
         for b, row in enumerate(rows):
             row.draft_generated.extend(both[b][: tail[b]])  # q consumed its tail after its catch-up
@@ -795,6 +785,22 @@ def _draft(
     if rewrite is not _unchanged:  # a drafter rewrote the chains: their tokens are its
         chains = [prop.tokens.tolist() for prop in out]
     return out, chains
+
+
+def _padded(
+    host: Sequence[Sequence[int]], tails: Sequence[torch.Tensor | None], device: torch.device
+) -> tuple[torch.Tensor, list[int]]:  # ids [B, W] long on `device`, and each row's width
+    """Row b: the tokens `host[b]`, then `tails[b]` copied from where it is (never read), zeros after."""
+    widths = [len(h) + (0 if t is None else int(t.shape[0])) for h, t in zip(host, tails)]
+    ids = torch.zeros(len(host), max(widths, default=0), dtype=torch.long)
+    for b, h in enumerate(host):
+        if h:
+            ids[b, : len(h)] = torch.tensor(h, dtype=torch.long)
+    ids = ids.to(device)
+    for b, t in enumerate(tails):
+        if t is not None:
+            ids[b, len(host[b]) : widths[b]] = t.to(device)
+    return ids, widths
 
 
 def _host_chain(tokens: list[int], qs: list[torch.Tensor]) -> DraftProposal:
@@ -823,15 +829,9 @@ def _verify(
     tree = next((prop for prop in proposals if prop is not None and not prop.chain), None)
     unread = [b for b, prop in enumerate(proposals) if prop is not None and chains[b] is None]
     if tree is None:
-        if unread:  # [B, W]: the host's tokens, then the device's chains copied in where they are
-            widths = [len(blk) + (proposals[b].size if b in unread else 0) for b, blk in enumerate(blocks)]
-            ids = torch.zeros(len(blocks), max(widths), dtype=torch.long)
-            for b, blk in enumerate(blocks):
-                ids[b, : len(blk)] = torch.tensor(blk, dtype=torch.long)
-            ids = ids.to(target.device)
-            for b in unread:
-                ids[b, 1 : widths[b]] = proposals[b].tokens.to(target.device)
-            logits = target.forward_ids(ids, widths)  # [B, W, V]
+        if unread:  # the pending tokens, then the device's chains where they are
+            tails = [proposals[b].tokens if b in unread else None for b in range(len(blocks))]
+            logits = target.forward_ids(*_padded(blocks, tails, target.device))  # [B, W, V]
         else:
             logits = target.forward(blocks)  # [B, W, V]
         keep = lambda b, T, path: target.rollback(b, T + len(path))  # noqa: E731
@@ -873,10 +873,7 @@ def _verify(
         props = [proposals[drafted[i]] for i in members]
         also = None  # [B', γ]: the members' chains, where some are still on the device
         if any(drafted[i] in unread for i in members):
-            also = torch.zeros(len(members), max(prop.size for prop in props), dtype=torch.long,
-                               device=stacked.device)  # fmt: skip
-            for j, prop in enumerate(props):
-                also[j, : prop.size] = prop.tokens.to(stacked.device)
+            also = _padded([[]] * len(props), [prop.tokens for prop in props], stacked.device)[0]
         try:
             verdicts, host = decide_reading(
                 jobs[0].verifier, props, stacked[members], [job.policy for job in jobs], also
