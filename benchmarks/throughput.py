@@ -1,6 +1,6 @@
 """Throughput at batch 1, 2, 4: HF `generate` (batched, left-padded), hippo's batched target alone,
-hippo's batched serial speculative decoding (fixed γ), `pearl` batched (its draft drafting each row's
-next block on a thread beside the target) and the default pipeline batched (`auto`:
+hippo's batched serial speculative decoding (fixed γ), `pearl` and `hippo` batched (their draft drafting each row's
+next block on a thread beside the target, or in a draft process) and the default pipeline batched (`auto`:
 serial with γ re-chosen each round for the whole batch, or the target alone), side by side in one
 run, on the narration pair; each repeat times every method once, in an order rotated by one each
 repeat, so the machine's drift falls on all of them alike. `auto` is reported against the fixed
@@ -61,6 +61,12 @@ HIPPO_ROWS: list[tuple[str, str, dict, dict | None]] = [
         "hippo batched hippo, draft on a thread, default parts",
         "hippo",
         {"gamma": 5, "executor": "inline", "executor_options": {"overlap": "thread"}},
+        None,
+    ),
+    (  # one thread per model, p's prefills on both (what `auto` picks on 4+ cores, halved)
+        "hippo batched hippo, draft in a process, default parts",
+        "hippo",
+        {"gamma": 5, "executor": "process", "executor_options": {"threads": 1, "prefill_threads": 2}},
         None,
     ),
     ("hippo batched serial SD, full video", "serial", {"gamma": 5}, {}),

@@ -53,7 +53,7 @@ from hippo import interfaces
 from hippo.accept import commit, decide_reading, process_rows
 from hippo.cost import GAMMA_START, AutoGamma, GammaPlan
 from hippo.errors import UnsupportedError
-from hippo.executor import DraftFailure
+from hippo.executor import BatchDraft, DraftFailure
 from hippo.interfaces import Job, RoundInfo, catch_up, prefilling
 from hippo.packed import MAX_ROWS, PackedLinears
 from hippo.proposal import DraftProposal
@@ -85,7 +85,12 @@ def row_sessions(pipe: Any) -> dict[str, Any]:
 
 
 def _packing(pipe: Any, role: str, model: torch.nn.Module) -> tuple[PackedLinears | None, int]:
-    kind = pipe.sessions.get(role)
+    return _packed(pipe.sessions.get(role), model)
+
+
+def _packed(kind: Any, model: torch.nn.Module) -> tuple[PackedLinears | None, int]:
+    """How a role's rows are stacked: on its packed weights where its sessions are packed."""
+    kind = kind.kind if isinstance(kind, _RowPrefill) else kind
     if isinstance(kind, PackedSessions):
         return PackedLinears.of(model), kind.max_rows
     return None, MAX_ROWS
@@ -138,6 +143,59 @@ class _Row:
         self.target_steps = 0  # batched steps of the target alone (γ = 0) while this row was live
         self.batch_sizes: list[int] = []  # live rows in each round it took part in
         self.error: BaseException | None = None  # what failed in this row's own work (it then leaves)
+
+
+class _DraftRow:
+    """A batch row as its draft sees it, apart from the engine (`DraftRows`): what `_draft` reads of
+    a row (its prompt, its draft policy, what q consumed). It stands as its own `job`."""
+
+    def __init__(self, prompt_ids: torch.Tensor, policy: Any):  # prompt_ids [T0]
+        self.job, self.prompt_ids, self.policy, self.draft_policy = self, prompt_ids, policy, policy
+        self.draft_generated: list[int] = []
+        self.unread_fed = 0
+        self.error: BaseException | None = None
+
+
+class DraftRows:
+    """A batch's draft rows held apart from its engine (in a draft process: `hippo.executor.BatchDraft`):
+    q's stacked cache and each row's draft bookkeeping, drafted by the same `_draft` as the engine's
+    own rows, its chains always read (they leave this process)."""
+
+    def __init__(self, drafter: Any, kind: Any, model: torch.nn.Module):
+        self.rewrite = chain_rewrite(drafter) or _unchanged
+        self.packing = _packed(kind, model)
+        self.cache: BatchedCache | None = None
+        self.rows: list[_DraftRow] = []
+
+    def join(self, session: KVSession, prompt_ids: torch.Tensor, policy: Any) -> None:
+        """Stack a row's prefilled session (closed: its cache is copied) as the last row."""
+        if self.cache is None:
+            self.cache = BatchedCache([session], *self.packing)
+        else:
+            self.cache.join([session])
+        session.close()
+        self.rows.append(_DraftRow(prompt_ids, policy))
+
+    def select(self, keep: list[int]) -> None:
+        self.rows = [self.rows[i] for i in keep]
+        if not self.rows:
+            self.cache = None
+        else:
+            self.cache.select(keep)
+            self.cache.maybe_compact()
+
+    def draft(
+        self, bases: list[list[int]], gammas: list[int]
+    ) -> tuple[list[DraftProposal], list[list[int]], float, int, list[BaseException | None]]:
+        """`BatchDraft.draft`: each row's chain after `bases[b]`, its forward seconds and forwards."""
+        cache, rows = self.cache, self.rows
+        t0, f0 = cache.seconds, cache.forwards
+        policies = [row.draft_policy for row in rows]
+        drafted, chains = _draft(cache, rows, gammas, self.rewrite, bases, policies)
+        errors = [row.error for row in rows]
+        for row in rows:
+            row.error = None  # the engine's row leaves with it
+        return drafted, chains, cache.seconds - t0, cache.forwards - f0, errors
 
 
 class _DraftClock:
@@ -207,6 +265,9 @@ class Engine:
         #: q drafts each row's next block beside p (the parallel schedules: `Scheduler.batch_overlap`)
         self.overlap = False
         self._beside: _Beside | None = None  # its thread, made once
+        #: beside p, the batch's draft rows behind the executor (`BatchDraft`: a draft process);
+        #: None: in this engine's own caches
+        self.remote: BatchDraft | None = None
         self.rounds = 0
         #: rows the batch is expected to hold when it starts (`Scheduler.batch_gamma` is told)
         self.expected_rows = 1
@@ -234,6 +295,8 @@ class Engine:
                 except DraftFailure as exc:
                     self._draft_failed(exc, [job])
                     target = job.prefill_target()  # (once: a job keeps its prefilled session)
+            elif self.remote is not None:  # as its executor runs p beside the draft process
+                target = self.remote.target("prefill", job.prefill_target)
             else:
                 target = job.prefill_target()
             job.first_token(target)
@@ -243,7 +306,17 @@ class Engine:
                 else:
                     self._finish(_Row(job, None))
                 return False
-            draft = job.prefill_draft() if self.drafting and self.worker is None else None
+            draft, policy = None, job.policy
+            if self.overlap and job.policy.do_sample:  # q draws on its own thread: its own generator
+                policy = job.policy.fork()
+            if self.drafting and self.worker is None:
+                if self.remote is None:
+                    draft = job.prefill_draft()
+                else:  # q's prefill and its row there, in the executor's own place
+                    try:
+                        self.remote.join(job, policy)
+                    except DraftFailure as exc:
+                        self._draft_failed(exc)
         except BaseException:
             if not self.own_sessions:
                 job.finish()
@@ -252,7 +325,7 @@ class Engine:
             raise
         finally:
             self.seconds_prefill += time.perf_counter() - t0
-        self._join(job, target, draft)
+        self._join(job, target, draft, policy)
         if buffer is not None:
             # drafted while p prefilled (HIPPO's synchronous prefill): where p's first token was q's
             # first guess, the rest is q's draft after it, verified in the first round
@@ -260,6 +333,7 @@ class Engine:
         return True
 
     def _start(self, job: Job) -> None:
+        self._close_remote()  # (a batch that never held a row)
         self.gamma = self.scheduler.batch_gamma(job, max(self.expected_rows, 1))
         self._plan_record = dict(job.stats.plan)
         self.plan = None
@@ -274,13 +348,23 @@ class Engine:
             return
         if self.overlap and (self._beside is None or self._beside.threaded != (mode != "inline")):
             self._beside = _Beside(self.pipe.draft_adapter.device, threaded=mode != "inline")
+        if self.overlap and mode != "inline" and not self.own_sessions:
+            try:
+                self.remote = self.scheduler.open_batch_drafting(job)  # None: its rows live here
+            except DraftFailure as exc:
+                self._draft_failed(exc, [job])
+
+    def _close_remote(self) -> None:
+        if self.remote is not None:
+            remote, self.remote = self.remote, None
+            remote.close()
 
     @property
     def drafting(self) -> bool:
         """The schedule drafts: a fixed γ > 0, or one chosen each round (`AutoGamma`, `GammaPolicy`)."""
         return self.gamma is not None and not (isinstance(self.gamma, int) and self.gamma <= 0)
 
-    def _join(self, job: Job, target: KVSession, draft: KVSession | None) -> None:
+    def _join(self, job: Job, target: KVSession, draft: KVSession | None, policy: Any) -> None:
         side = None
         if self.own_sessions:  # its sessions, packed or compiled, stand as one-row stacks
             self.target = SessionRow(target)
@@ -304,8 +388,7 @@ class Engine:
             # a seeded sample must not depend on the rows it shares its batch with
             gamma = self.sampled_gamma or (self.gamma if isinstance(self.gamma, int) else GAMMA_START)
         row = _Row(job, gamma, side)
-        if self.overlap and job.policy.do_sample:  # q draws on its own thread: its own generator
-            row.draft_policy = job.policy.fork()
+        row.draft_policy = policy
         self.rows.append(row)
 
     def cancel(self, job: Job) -> bool:
@@ -330,10 +413,13 @@ class Engine:
             for cache in (self.target, self.draft):
                 if cache is not None:
                     cache.select(keep)
+            if self.remote is not None:
+                self.remote.select(keep)
         for row in left:
             self._finish(row)
         if not self.rows:
             self.gamma = self.plan = None
+            self._close_remote()
         return [row.job for row in left]
 
     def _finish(self, row: _Row) -> None:
@@ -347,7 +433,8 @@ class Engine:
         if max(row.batch_sizes, default=1) > 1:
             s.notes.append(f"decoded in a batch of {max(row.batch_sizes)} rows at most")
         if self.overlap:
-            s.notes.append("the draft drafted beside the target (pre-/post-verify)")
+            where = " in its own process" if self.remote is not None else ""
+            s.notes.append(f"the draft drafted beside the target{where} (pre-/post-verify)")
         if self.plan is not None:  # the batch's choices; the row's own α and target-only steps
             s.target_steps = row.target_steps
             record, own = self.plan.record(), self.plan.row_acceptance.get(id(s))
@@ -381,7 +468,11 @@ class Engine:
             inline = [0 if r is not None else min(1, g) if self.overlap else g for r, g in zip(ready, gammas)]
             drafted: list[DraftProposal] = [_EMPTY] * len(rows)
             if any(inline):  # greedy chains stay on the device until the verdicts' read
-                drafted, chains = self._drafted(rows, inline, read=False)
+                try:
+                    drafted, chains = self._drafted(rows, inline, read=False)
+                except DraftFailure as exc:  # behind its executor: p goes on alone
+                    self._draft_failed(exc)
+                    chains = [[] for _ in rows]
             # a block drafted ahead is verified whole where γ is fixed (the synchronous prefill's
             # buffer is longer than γ), cut to this round's γ where it is re-chosen each round
             # (GAMMA_START where the plan chose p alone: it costs no drafting)
@@ -419,6 +510,8 @@ class Engine:
         try:
             if self.worker is not None:  # timed as its executor times p's work
                 self.worker.target(_verify, target, rows, proposals, chains)
+            elif self.remote is not None:
+                self.remote.target("verify", _verify, target, rows, proposals, chains)
             else:
                 _verify(target, rows, proposals, chains)
         finally:
@@ -469,6 +562,7 @@ class Engine:
             job.stats.fallback = True
             job.stats.notes.append(f"draft failed: {exc}")
         self.gamma, self.overlap, self.worker = 0, False, None
+        self._close_remote()
 
     def _drafted(
         self,
@@ -483,12 +577,21 @@ class Engine:
         `read=False`: greedy chains stay on the device (None), read with the verdicts (`_draft`);
         `tails[b]`: tokens on the device that continue `bases[b]` (`_draft`)."""
         if self.worker is not None:  # a job alone whose draft is behind its executor
-            try:
-                prop = self.worker.draft(rows[0].job, gammas[0])
-            except DraftFailure as exc:
-                self._draft_failed(exc)
-                return [_EMPTY], [[]]
+            prop = self.worker.draft(rows[0].job, gammas[0])
             return [prop], [prop.tokens.tolist()]
+        if self.remote is not None:  # the rows behind the executor (a draft process): read there
+            clock = time.perf_counter()
+            based = [row.job.tokens if bases is None else bases[b] for b, row in enumerate(rows)]
+            drafted, chains, seconds, forwards, errors = self.remote.draft(based, list(gammas))
+            self.clock.add(len(rows), seconds, forwards)
+            for row, prop, g, base, error in zip(rows, drafted, gammas, based, errors):
+                row.seconds_draft += seconds
+                row.error = row.error or error
+                if g:
+                    pos = row.job.prompt_ids.shape[0] + len(base)
+                    row.job.observe("draft", "draft", clock, pos=pos, n=prop.size, depth=prop.depth,
+                                    gamma=g, stopped=False)  # fmt: skip
+            return drafted, chains
         draft, t0, f0, clock = self.draft, self.draft.seconds, self.draft.forwards, time.perf_counter()
         if self.rewrite is not None:  # every row's chain, batched
             policies = [row.draft_policy for row in rows]
@@ -527,6 +630,7 @@ class Engine:
         if self._beside is not None:
             self._beside.close()
             self._beside = None
+        self._close_remote()
 
     def run(self, jobs: Iterable[Job]) -> None:
         """Add every job, then step until none is live; every job is finished, even on an error."""

@@ -10,6 +10,14 @@ The target always runs in the calling process and owns the output. The draft run
     proposal = worker.collect()   # wait for it (holds the tokens drafted so far)
 
 Any failure of the draft side surfaces as `DraftFailure`; schedulers then finish with the target alone.
+
+A batch of a parallel schedule drafts beside p too. Its draft rows live in the engine's process (a
+thread beside p) unless the executor gives them a place of their own, a `BatchDraft` (a draft
+process): the engine's round then drives them there, one request at a time:
+
+    rows.join(job, policy)        # q's pruned prefill of a row that joins, stacked with the others
+    rows.draft(bases, γs)         # each row's chain after its tokens `bases[b]`, on the host
+    rows.select(keep)             # the rows that stay after some left
 """
 
 from __future__ import annotations
@@ -73,6 +81,37 @@ class DraftWorker(ABC):
         """Release the job's draft state."""
 
 
+class BatchDraft(ABC):
+    """A batch's draft rows behind an executor (`Executor.batch_draft`): q's stacked cache and each
+    row's draft bookkeeping live there (`hippo.engine.DraftRows`, e.g. in a draft process), in the
+    order of the engine's rows. Any failure surfaces as `DraftFailure`; the batch then goes on with
+    the target alone."""
+
+    @abstractmethod
+    def join(self, job: Job, policy: Any) -> None:
+        """Prefill q for `job` on its kept visual tokens (`job.prune()`), as the last row; `policy`:
+        the row's draft policy (a sampled row's fork: its own generator), which travels with it."""
+
+    @abstractmethod
+    def draft(
+        self, bases: list[list[int]], gammas: list[int]
+    ) -> tuple[list[DraftProposal], list[list[int]], float, int, list[BaseException | None]]:
+        """Row b's chain of `gammas[b]` tokens after `bases[b]` (its tokens after the prompt): the
+        proposals, their tokens on the host, q's forward seconds and forwards, and each row's own
+        failure (its logits processors, its sampler), or None."""
+
+    @abstractmethod
+    def select(self, keep: list[int]) -> None:
+        """Keep only rows `keep` (indices, in order)."""
+
+    def target(self, kind: str, fn: Callable[..., T], *args: Any) -> T:
+        """p's work ("prefill" or "verify"), as the executor runs it beside this draft."""
+        return fn(*args)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Drop the rows (the batch ended)."""
+
+
 class Executor(Component):
     """Places the draft (a `DraftWorker`) and times the target's work.
 
@@ -99,10 +138,16 @@ class Executor(Component):
 
     def overlaps(self, job: Job) -> bool | str:
         """Whether this executor would run `job`'s draft beside its target (a thread, a process): a
-        batch of a parallel schedule then drafts its next block on a thread while p verifies this
-        one (`hippo.engine`); "inline": the same blocks, drafted in the caller's thread (an
-        executor whose overlap is simulated). Default: False, one after the other."""
+        batch of a parallel schedule then drafts its next block while p verifies this one
+        (`hippo.engine`), on a thread or where `batch_draft` puts its rows; "inline": the same
+        blocks, drafted in the caller's thread (an executor whose overlap is simulated). Default:
+        False, one after the other."""
         return False
+
+    def batch_draft(self, job: Job) -> BatchDraft | None:
+        """A place of their own for the draft rows of a batch that `job` starts, beside p (a draft
+        process), or None: they live in the engine's process, on a thread beside p. Default: None."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Shut down workers (processes, streams)."""

@@ -422,6 +422,12 @@ class Scheduler(Component):
         `hippo.engine.Overlapped`: the parallel schedules), or None: the engine drafts it inline."""
         return None
 
+    def open_batch_drafting(self, job: Job) -> Any:
+        """Where the draft rows of a batch that `job` starts live when they draft beside p: a
+        `hippo.executor.BatchDraft` of the schedule's executor (a draft process), or None: in the
+        engine's process, on a thread beside p."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release workers (processes, streams) held across generate calls."""
 

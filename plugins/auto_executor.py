@@ -35,7 +35,7 @@ import attrs
 
 from hippo import hookimpl
 from hippo.errors import ConfigError
-from hippo.executor import DraftWorker, Executor
+from hippo.executor import BatchDraft, DraftWorker, Executor
 from hippo.job import DecodeJob
 from hippo.registry import lookup
 from hippo.validators import positive_int
@@ -91,13 +91,20 @@ class AutoExecutor(Executor):
             return True
         return lookup("executors", name).from_options(**options).overlaps(job)
 
-    def open(self, job: DecodeJob) -> DraftWorker:
+    def _choose(self, job: DecodeJob) -> Executor:
         name, options = choose(job, self.config.cores or usable_cores())
         if name not in self.executors:
             options = {**options, **self.config.options.get(name, {})}
             self.executors[name] = lookup("executors", name).from_options(**options)
-        self.chosen = self.executors[name]
+        return self.executors[name]
+
+    def open(self, job: DecodeJob) -> DraftWorker:
+        self.chosen = self._choose(job)
         return self.chosen.open(job)
+
+    def batch_draft(self, job: DecodeJob) -> BatchDraft | None:
+        """The chosen executor's place for a batch's draft rows (a draft process on a CPU)."""
+        return self._choose(job).batch_draft(job)
 
     def target(self, kind: str, fn, *args, **kwargs):
         return self.chosen.target(kind, fn, *args, **kwargs)

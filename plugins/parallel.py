@@ -23,6 +23,8 @@ Executors decide where the draft runs; this module is policy: γ (`batch_gamma`)
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import torch
 
@@ -127,9 +129,13 @@ class ParallelScheduler(Scheduler):
     batches = True
 
     def batch_overlap(self, job: DecodeJob) -> bool | str:
-        """Beside p where this schedule's executor would run the draft beside p for `job` (on a
-        thread of this process in a batch: the batch's draft rows live here)."""
+        """Beside p where this schedule's executor would run the draft beside p for `job` (in a
+        batch: on a thread of this process, or where the executor's `batch_draft` puts the rows)."""
         return self.executor.overlaps(job)
+
+    def open_batch_drafting(self, job: DecodeJob) -> Any:
+        """The executor's own place for the batch's draft rows (a draft process), or None (a thread)."""
+        return self.executor.batch_draft(job)
 
     def close(self) -> None:
         self.executor.close()

@@ -14,6 +14,10 @@ The draft runs where its weights are: on the device the builder put it on (`--dr
 IPC, or shared memory on the CPU), and the child makes that device its current one. So the paper's
 layout, a target spread over three GPUs and the draft on a fourth, is a draft process on the fourth.
 
+A parallel batch's draft rows live there too (`ProcessBatchDraft`, `hippo.engine.DraftRows` in the
+child): each row's pruned prefill, stacked with the others, its chains drafted there while the
+target verifies, its rows dropped as they leave.
+
 The process starts on first use, is reused by later `generate` calls, and is shut down by
 `Pipeline.close()` or garbage collection (a weakref finaliser): no zombie is left behind. A draft
 that dies, raises, or does not answer within `timeout` seconds raises `DraftFailure`, and the
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import queue
 import time
 import traceback
@@ -38,7 +43,8 @@ from hippo import hookimpl
 from hippo.compat import drop_output_capturing_hooks, register_output_capturing
 from hippo.context import DraftPrefix, EncodingStore
 from hippo.draft import DraftSide
-from hippo.executor import DraftFailure, DraftWorker, Executor, overlap_seconds
+from hippo.engine import DraftRows
+from hippo.executor import BatchDraft, DraftFailure, DraftWorker, Executor, overlap_seconds
 from hippo.job import DecodeJob
 from hippo.placement import input_device
 from hippo.proposal import DraftProposal
@@ -70,8 +76,28 @@ def _shared(payload: Any) -> Any:
     return payload
 
 
+def _portable(exc: BaseException | None) -> BaseException | None:
+    """An exception that crosses the queue: itself where it pickles, else its type and message."""
+    if exc is None:
+        return None
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _side(adapter, store: EncodingStore, payload: tuple) -> DraftSide:
+    """A job's draft side in the draft process. payload: its inputs, its draft policy (forked: its
+    own generator), drafter, session kind, new tokens, and a video context's `DraftPrefix` or None."""
+    inputs, policy, drafter, sessions, new_tokens, prefix = payload
+    encode = None if prefix is None else functools.partial(prefix.encode, adapter, store)
+    return DraftSide(adapter, drafter, inputs, policy, encode, sessions, new_tokens)
+
+
 def _worker_main(model, adapter_cls, adapter_options, threads, contexts, cmd_q, res_q, stop_ticket) -> None:
-    """The draft process: serve ("job" | "prefill" | "propose" | "close") commands in order."""
+    """The draft process: serve commands in order: a job alone's ("job" | "prefill" | "propose"), a
+    batch's draft rows' ("rows_join" | "rows_draft" | "rows_select" | "rows_close"), "close"."""
     torch.set_num_threads(threads)
     device = input_device(model)  # the draft's own device (--draft-device): shared with the parent
     if device.type == "cuda":  # this process's kernels, streams and new tensors go there
@@ -79,6 +105,7 @@ def _worker_main(model, adapter_cls, adapter_options, threads, contexts, cmd_q, 
     register_output_capturing(model)  # what building the model registers, in the parent only
     adapter = adapter_cls(model, **adapter_options)
     side: DraftSide | None = None
+    rows: DraftRows | None = None  # a batch's draft rows (`ProcessBatchDraft`)
     store = EncodingStore(contexts)  # the draft's encoded video prefixes of recent video contexts
     parent = mp.parent_process()
     while True:
@@ -94,12 +121,22 @@ def _worker_main(model, adapter_cls, adapter_options, threads, contexts, cmd_q, 
         try:
             result: Any = None
             if cmd == "job":
-                # policy: forked, its own generator; prefix: a video context's DraftPrefix, or None
-                inputs, policy, drafter, sessions, new_tokens, prefix = payload
                 if side is not None:
                     side.close()
-                encode = None if prefix is None else functools.partial(prefix.encode, adapter, store)
-                side = DraftSide(adapter, drafter, inputs, policy, encode, sessions, new_tokens)
+                side = _side(adapter, store, payload)
+            elif cmd == "rows_join":  # q's pruned prefill of a row, stacked as the last row
+                job, keep, prompt_ids, policy = payload
+                joining = _side(adapter, store, job)
+                if rows is None:
+                    rows = DraftRows(joining.drafter, joining.sessions, model)
+                rows.join(joining.prefill(keep), prompt_ids, policy)
+            elif cmd == "rows_draft":
+                drafted, chains, seconds, forwards, errors = rows.draft(*payload)
+                result = (drafted, chains, seconds, forwards, [_portable(e) for e in errors])
+            elif cmd == "rows_select":
+                rows.select(payload)
+            elif cmd == "rows_close":
+                rows = None
             elif cmd == "prefill":
                 side.prefill(payload)
             elif cmd == "propose":
@@ -187,6 +224,19 @@ class _DraftProcess:
         self.cmd_q.put((cmd, self.ticket, _shared(payload)))
         return self.ticket
 
+    def receive(self, deadline: float, timeout: float) -> tuple:
+        """The next result: (status, ticket, command, result, span); `DraftFailure` where the
+        process died or gave none by `deadline` (time.monotonic())."""
+        while True:
+            try:
+                return self.res_q.get(timeout=0.05)
+            except queue.Empty:
+                if not self.alive:
+                    raise DraftFailure(f"the draft process died (exit code {self.proc.exitcode})") from None
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise DraftFailure(f"the draft process gave no answer within {timeout} s") from None
+
     def close(self) -> None:
         self._finalizer()
 
@@ -216,19 +266,7 @@ class ProcessDraftWorker(DraftWorker):
         """Read results until `ticket`'s arrives; every other result is bookkeeping."""
         deadline = time.monotonic() + self.ex.config.timeout
         while True:
-            try:
-                status, t, cmd, result, span = self.dp.res_q.get(timeout=0.05)
-            except queue.Empty:
-                if not self.dp.alive:
-                    raise DraftFailure(
-                        f"the draft process died (exit code {self.dp.proc.exitcode})"
-                    ) from None
-                if time.monotonic() > deadline:
-                    self.dp.close()
-                    raise DraftFailure(
-                        f"the draft process gave no answer within {self.ex.config.timeout} s"
-                    ) from None
-                continue
+            status, t, cmd, result, span = self.dp.receive(deadline, self.ex.config.timeout)
             if status == "error":
                 raise DraftFailure(f"the draft raised during {cmd}: {result.strip().splitlines()[-1]}")
             self.draft_busy.append(span)
@@ -279,6 +317,62 @@ class ProcessDraftWorker(DraftWorker):
         self.ex.restore_threads()
 
 
+class ProcessBatchDraft(BatchDraft):
+    """A batch's draft rows in the draft process (`hippo.engine.DraftRows` there): q's prefill of
+    each row that joins, its chains, its rows leaving. The engine's process keeps `threads` CPU
+    threads for p's verification while the batch lives, as a job alone does; p's prefills take
+    `prefill_threads`."""
+
+    def __init__(self, executor: ProcessExecutor, job: DecodeJob):
+        self.ex = executor
+        self.dp = executor.process_for(job)
+        self._threads = torch.get_num_threads()
+        torch.set_num_threads(executor.config.threads)
+        self.dp.send("rows_close", None)  # a batch of its own (what an earlier one left is dropped)
+
+    def _wait(self, ticket: int) -> tuple[Any, tuple[float, float]]:
+        """Ticket's result and its span; the results of commands not waited for come first."""
+        deadline = time.monotonic() + self.ex.config.timeout
+        while True:
+            status, t, cmd, result, span = self.dp.receive(deadline, self.ex.config.timeout)
+            if status == "error":
+                raise DraftFailure(f"the draft raised during {cmd}: {result.strip().splitlines()[-1]}")
+            if t == ticket:
+                return result, span
+
+    def join(self, job: DecodeJob, policy: Any) -> None:
+        p = job.pipeline
+        side = (
+            dict(job.inputs),
+            policy,
+            p.drafter,
+            p.sessions["draft"],
+            job.max_new_tokens,
+            job.source.draft_prefix(),
+        )
+        _, span = self._wait(self.dp.send("rows_join", (side, job.prune(), job.prompt_ids, policy)))
+        job.stats.seconds_draft_prefill += span[1] - span[0]  # its vision encoding included
+        if job.events is not None:
+            job.events.add("draft", "prefill", *span)
+
+    def draft(self, bases: list[list[int]], gammas: list[int]):
+        return self._wait(self.dp.send("rows_draft", (bases, gammas)))[0]
+
+    def select(self, keep: list[int]) -> None:
+        self.dp.send("rows_select", keep)  # its answer is read before the next one waited for
+
+    def target(self, kind: str, fn, *args):
+        return self.ex.target(kind, fn, *args)
+
+    def close(self) -> None:
+        if self._threads is None:
+            return
+        torch.set_num_threads(self._threads)
+        self._threads = None
+        if self.dp.alive:
+            self.dp.send("rows_close", None)
+
+
 class ProcessExecutor(Executor):
     """Draft in a child process; each process gets `threads` CPU threads (one core per model on 2 cores)."""
 
@@ -315,6 +409,9 @@ class ProcessExecutor(Executor):
             self._dp = _DraftProcess(adapter.model, type(adapter), adapter.options, cfg.threads, cfg.contexts)
             self._key = key
         return self._dp
+
+    def batch_draft(self, job: DecodeJob) -> BatchDraft:
+        return ProcessBatchDraft(self, job)
 
     def open(self, job: DecodeJob) -> DraftWorker:
         self._saved_threads = torch.get_num_threads()

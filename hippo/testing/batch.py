@@ -88,10 +88,13 @@ def assert_batch_lossless(
     seed: int | None = None,
     shrink: bool = True,
     require: bool = True,
+    executors: Sequence[str] = ("inline",),
+    draws: dict[str, st.SearchStrategy] | None = None,
 ) -> BatchResult:
     """Check `build(case)`'s pipeline inside a continuous batch (see the module doc). Raises
     `LosslessViolation` with the counterexample, or `VacuousCheck` (with `require`) when no row
-    ever joined mid-flight or was cancelled although some case batched."""
+    ever joined mid-flight or was cancelled although some case batched. `executors` and `draws` go
+    to `strategies.cases` ("process": a parallel batch's draft rows in a draft process)."""
     result = BatchResult()
 
     def check(case: Any, data: st.DataObject) -> None:
@@ -152,7 +155,7 @@ def assert_batch_lossless(
                 pipe.close()
 
     check = hypothesis_settings(examples, seed, shrink)(
-        given(case=hs.cases(adapters, executors=("inline",)), data=st.data())(check)
+        given(case=hs.cases(adapters, executors=executors, draws=draws), data=st.data())(check)
     )
     if seed is not None:
         check = hypothesis_seed(seed)(check)

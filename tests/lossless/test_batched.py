@@ -797,20 +797,23 @@ def test_a_job_alone_runs_its_rounds_on_the_engine_loop(monkeypatch):
         assert rounds > 1 and steps == [1] * rounds, scheduler
 
 
-@pytest.mark.parametrize("scheduler", ["serial", "pearl"])
+@pytest.mark.parametrize("scheduler", ["serial", "pearl", "pearl, draft process"])
 def test_every_draft_of_a_batch_is_what_a_fresh_draft_drafts(scheduler, monkeypatch):
     """q's state across rounds (its catch-up, what it consumed, chains kept on the device until the
-    verdicts' read, a block drafted beside p) holds no trace a fresh draft would not: each row's
-    proposal in each round equals q's greedy chain after the row's emitted tokens, drafted from a new
-    prefill of its pruned prompt. A bookkeeping slip leaves the output exact (p verifies every
-    token), so only this shows it. Plain rows beside a processed one (repetition penalty)."""
+    verdicts' read, a block drafted beside p, rows kept in a draft process) holds no trace a fresh
+    draft would not: each row's proposal in each round equals q's greedy chain after the row's
+    emitted tokens, drafted from a new prefill of its pruned prompt. A bookkeeping slip leaves the
+    output exact (p verifies every token), so only this shows it. Plain rows beside a processed one
+    (repetition penalty), one of them leaving before the others."""
     import hippo.engine as he
 
     target = hm.tiny("qwen2_5_vl", "target")
     prompts = fixed_prompts("qwen2_5_vl", target)
     gens = [{"do_sample": False, "max_new_tokens": m} for m in (16, 12, 20)]
     gens[1]["repetition_penalty"] = 1.3
-    options = {} if scheduler == "serial" else {"executor": THREAD}
+    executor = {"pearl": THREAD, "pearl, draft process": {"executor": "process"}}.get(scheduler)
+    options = {} if executor is None else {"executor": executor}
+    scheduler = scheduler.split(",")[0]
     draft = target if scheduler == "serial" else copy.deepcopy(target)  # a self-draft has no thread
     pipe = hr.build_pipeline(target, draft, scheduler=scheduler, gamma=4, keep_ratio=0.5, **options)
     seen, verify = [], he._verify
