@@ -354,6 +354,7 @@ class AutoScheduler(Scheduler):
         self._schedulers: dict[str, Scheduler] = {}
         self._batches: AutoGamma | None = None
         self._batch_parallel = False  # the batch now starting drafts beside the target
+        self._batch_name = "serial"  # and its schedule
         self.drafted_jobs = 0  # jobs (and batch rows) with a drafted round: α is seen, not a prior
         self.skip = 0  # jobs left to run the target alone before the draft's next probe
         self.probe_due = False  # the next job that would lose drafts anyway, once `skip` is 0
@@ -549,11 +550,17 @@ class AutoScheduler(Scheduler):
         job.stats.plan.update(record)
         job.alpha_prior = self.acceptance.alpha
         self._batch_parallel = name in ("pearl", "hippo")
+        self._batch_name = name
         return 0 if name == "autoregressive" else self._batch_gamma()
 
     def batch_overlap(self, job: DecodeJob) -> bool:
         """Beside the target where the batch's schedule (`batch_gamma`'s choice) is pearl or hippo."""
         return self._batch_parallel
+
+    def open_batch_drafting(self, job: DecodeJob) -> Any:
+        """Where that schedule's executor puts the batch's draft rows: a draft process where it would
+        run a job's draft in one (greedy, both models on a CPU of 4 or more cores), else None."""
+        return self._scheduler(self._batch_name).open_batch_drafting(job) if self._batch_parallel else None
 
     def batch_done(self, job: DecodeJob) -> None:
         self._carry(job)

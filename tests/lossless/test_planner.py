@@ -493,6 +493,29 @@ def test_auto_takes_pearl_where_the_draft_shares_the_targets_device(auto_schedul
     pipe.close()
 
 
+def test_auto_puts_a_parallel_batchs_draft_rows_in_a_draft_process(auto_scheduler, tmp_path, monkeypatch):
+    """Where a draft process is offered (4+ CPU cores) and drafting beside the target pays, a batch
+    runs `pearl` with its draft rows in the draft process (the schedule's executor's own place for
+    them), each row its own `target.generate`."""
+    from hippo.plugins import auto_executor
+
+    target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
+    p = hm.Prompt.default(ADAPTER, target)
+    costs = {"verify": {1: 1.0, 2: 1.05, 17: 2.0}, "draft": 0.5}  # drafting beside p pays
+    b = hippo.PipelineBuilder().target(target).draft(draft).selector("uniform", keep_ratio=0.5)
+    pipe = b.scheduler("auto", cache_dir=str(tmp_path), costs=costs).build()
+    monkeypatch.setattr(auto_scheduler, "usable_cores", lambda: 8)
+    monkeypatch.setattr(auto_executor, "usable_cores", lambda: 8)
+    gens = [{"do_sample": False, "max_new_tokens": m} for m in (9, 6)]
+    prompts = [p, hm.Prompt.default(ADAPTER, target, frames=1)]
+    outs = pipe.generate_batch([q.inputs for q in prompts], per_row=gens)
+    pipe.close()
+    for out, q, gen in zip(outs, prompts, gens):
+        hr.assert_same(out, hr.reference(target, q.inputs, **gen), q.length)
+        assert out.stats.plan["schedule"] == "pearl" and out.stats.rounds > 0
+        assert any("beside the target in its own process" in n for n in out.stats.notes), out.stats.notes
+
+
 # ---- hippo generate -v / --json -------------------------------------------------------------------
 
 
