@@ -23,6 +23,9 @@ Equality (float32 and bfloat16; oracle: `target.generate(do_sample=False)`, neve
 - `process`: the parallel schedule with the draft in a spawned process (`hippo.plugins.process_executor`);
   a draft that fails there makes hippo finish with the target alone, which this check reports as a
   failure of the case (the output is still compared);
+- `batch` and `batch-process`: `hippo` on a batch of two rows (the prompt twice), its draft drafting
+  each row's next block beside the target on a thread (a CUDA stream of its own), or with the rows
+  in the draft process (`ProcessBatchDraft`); each row must equal `generate`;
 - `compiled`: serial decoding with the target on a compiled static-cache session (`hippo.static`,
   `PipelineBuilder.compile("target")`; on CUDA inductor with CUDA graphs, one graph per width);
 - `devices`: the paper's multi-device layout. The target is saved and loaded again with a JSON device
@@ -77,7 +80,7 @@ from typing import Any
 
 import torch
 
-CASES = ("serial", "hippo", "process", "compiled", "devices")
+CASES = ("serial", "hippo", "process", "batch", "batch-process", "compiled", "devices")
 #: the schedules the `devices` case runs on the paper's layout (the target by a device map, the draft
 #: on a GPU of its own)
 DEVICE_CASES = ("serial", "process")
@@ -263,8 +266,10 @@ def case_pipeline(pair: Pair, case: str, args: argparse.Namespace):
         b.scheduler("serial", gamma=gamma)
     elif case == "hippo":
         b.scheduler("hippo", gamma=gamma, executor="inline", executor_options={"overlap": "thread"})
-    elif case == "process":
+    elif case in ("process", "batch-process"):
         b.scheduler("hippo", gamma=gamma, executor="process", executor_options={"timeout": 120.0})
+    elif case == "batch":
+        b.scheduler("hippo", gamma=gamma, executor="inline", executor_options={"overlap": "thread"})
     elif case == "compiled":
         b.scheduler("serial", gamma=gamma).compile("target", mode=args.compile_mode)
     else:
@@ -450,8 +455,14 @@ def check_case(pair: Pair, ref: Any, case: str, args: argparse.Namespace) -> dic
     t0 = time.perf_counter()
     try:
         pipe = case_pipeline(pair, case, args)
-        out = pipe.generate(pair.inputs, **gen_kwargs(n))
-        _sync()
+        if case.startswith("batch"):  # two rows decoded together: the first that differs is reported
+            outs = pipe.generate_batch([pair.inputs, pair.inputs], **gen_kwargs(n))
+            _sync()
+            found = [compare(o.sequences, ref, L, pair.dtype) for o in outs]
+            out = next((o for o, c in zip(outs, found) if c["status"] != "equal"), outs[0])
+        else:
+            out = pipe.generate(pair.inputs, **gen_kwargs(n))
+            _sync()
         result = {**compare(out.sequences, ref, L, pair.dtype), **_stats(out)}
         if out.stats.fallback:  # the output is the target's alone: the path under test did not run
             result["why"] = f"the draft failed and the target finished alone: {'; '.join(out.stats.notes)}"
@@ -837,7 +848,7 @@ def _log_case(rep: Report, r: dict) -> None:
         text = f"FALLBACK ({_describe(r)}): {text}"
     elif r["status"] == "error":
         text = f"ERROR: {text}"
-    rep.log(f"  {r['case']:<9} {r['dtype']:<9} {text}{extra}")
+    rep.log(f"  {r['case']:<13} {r['dtype']:<9} {text}{extra}")
 
 
 def summarise(

@@ -17,13 +17,13 @@ def test_cpu_smoke_mode_checks_every_eager_path_and_times_them(tmp_path, monkeyp
     # the GPU machine has neither video reader: the check must not import them
     monkeypatch.setitem(sys.modules, "decord", None)
     monkeypatch.setitem(sys.modules, "av", None)
-    argv = ["--device", "cpu", "--quick", "--cases", "serial,hippo,compiled", "--compile-mode", "eager"]
+    argv = ["--device", "cpu", "--quick", "--cases", "serial,hippo,batch,compiled", "--compile-mode", "eager"]
     assert gpu_check.main([*argv, "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["verdict"] == "PASS"
     cases = {(r["case"], r["dtype"]): r["status"] for r in report["equality"]}
     assert cases == {
-        (c, d): "equal" for c in ("serial", "hippo", "compiled") for d in ("float32", "bfloat16")
+        (c, d): "equal" for c in ("serial", "hippo", "batch", "compiled") for d in ("float32", "bfloat16")
     }
     rows = {r["name"]: r for r in report["timing"]}
     assert {"HF generate (target alone)", "hippo autoregressive", "serial, γ auto"} <= set(rows)
