@@ -42,9 +42,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(env: dict, port: int, *extra: str, deadline: float = 120) -> tuple[subprocess.Popen, object]:
-    """`hippo serve` on the module's tiny pair at `port` (with `extra` options), once /health answers:
-    (the process, an openai client)."""
+SERIAL = ("--scheduler", "serial", "--gamma", "3")
+
+
+def launch(
+    env: dict, port: int, *extra: str, deadline: float = 120, scheduler: tuple[str, ...] = SERIAL
+) -> tuple[subprocess.Popen, object]:
+    """`hippo serve` on the module's tiny pair at `port` (with `extra` options; `scheduler`: its
+    flags, () to take it from a --config file), once /health answers: (the process, an openai
+    client)."""
     cmd = [
         sys.executable,
         "-m",
@@ -58,10 +64,7 @@ def launch(env: dict, port: int, *extra: str, deadline: float = 120) -> tuple[su
         str(MAX_PIXELS),
         "--max-new-tokens",
         "8",
-        "--scheduler",
-        "serial",
-        "--gamma",
-        "3",
+        *scheduler,
         "--media-dir",
         str(env["media"]),
         "--port",
@@ -507,6 +510,65 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(server):
     if os.name == "posix":
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{server['base']}/health", timeout=2)
+
+
+def _descendants(pid: int) -> list[str]:
+    """The command lines of a process's descendants (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        try:
+            out.append((Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+        todo += children.get(child, [])
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the draft process from /proc")
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_hippo_serves_concurrent_clients_with_its_draft_beside_the_target(files, tmp_path, executor):
+    """`hippo serve` with `hippo` (from a --config file): concurrent clients, streamed and not, are
+    decoded together with the draft drafting each row's next block beside the target, on a thread
+    or with the rows in the draft process; every answer is `target.generate`'s on its prompt alone."""
+    options = (
+        'executor = "inline"\nexecutor_options = { overlap = "thread" }'
+        if executor == "thread"
+        else 'executor = "process"\nexecutor_options = { timeout = 60 }'
+    )
+    config = tmp_path / "pipeline.toml"
+    config.write_text(f'[scheduler]\nname = "hippo"\ngamma = 3\n{options}\n')
+    port = _free_port()
+    proc, client = launch(files, port, "--config", str(config), scheduler=())
+    env = {**files, "client": client}
+    try:
+        cases = [("long", "describe the video .", False), ("short", "what happens ?", True)] * 2
+        with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+            answers = list(pool.map(lambda c: ask(env, files[c[0]], c[1], c[2]), cases))
+        drafts = [c for c in _descendants(proc.pid) if "forkserver" in c]
+        assert bool(drafts) == (executor == "process"), drafts
+    finally:
+        proc.kill()
+        proc.wait()
+    target = (
+        hippo.PipelineBuilder().target(str(files["target"]), dtype=torch.float64).scheduler("autoregressive")
+    )
+    target = target.build()
+    for (video, question, _), (_, extra, finish, _) in zip(cases, answers):
+        inputs = load_video_inputs(target.target_adapter, files[video], question, max_pixels=MAX_PIXELS)
+        L = inputs["input_ids"].shape[1]
+        with torch.inference_mode():
+            ref = target.target.generate(**inputs, max_new_tokens=8, do_sample=False)
+        assert extra["token_ids"] == ref[0, L:].tolist(), (video, question)
+        assert finish in ("stop", "length") and extra["mat"] is not None
 
 
 @pytest.mark.slow
