@@ -26,6 +26,7 @@ scheduler finishes with the target alone.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -362,7 +363,9 @@ class ProcessBatchDraft(BatchDraft):
         self.dp.send("rows_select", keep)  # its answer is read before the next one waited for
 
     def target(self, kind: str, fn, *args):
-        return self.ex.target(kind, fn, *args)
+        # not `ex.target`: its list of timed intervals would grow with every round of a long batch
+        with self.ex.threads_for(kind):
+            return fn(*args)
 
     def close(self) -> None:
         if self._threads is None:
@@ -427,14 +430,20 @@ class ProcessExecutor(Executor):
             torch.set_num_threads(self._saved_threads)
             self._saved_threads = None
 
-    def target(self, kind: str, fn, *args, **kwargs):
+    @contextlib.contextmanager
+    def threads_for(self, kind: str):
+        """The target's CPU threads for `kind` of work: `prefill_threads` for a prefill."""
         threads = torch.get_num_threads()
         if kind == "prefill" and self.config.prefill_threads is not None:
             torch.set_num_threads(self.config.prefill_threads)
         try:
-            return super().target(kind, fn, *args, **kwargs)
+            yield
         finally:
             torch.set_num_threads(threads)
+
+    def target(self, kind: str, fn, *args, **kwargs):
+        with self.threads_for(kind):
+            return super().target(kind, fn, *args, **kwargs)
 
     @property
     def pid(self) -> int | None:
