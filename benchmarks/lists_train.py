@@ -30,7 +30,7 @@ from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: E402
 
 from hippo.benchmarks.pair import NIAH_DIR  # noqa: E402
 from hippo.benchmarks.tokenizer import build_tokenizer  # noqa: E402
-from hippo.benchmarks.train import AuxHeads, Phase, TrainConfig, run_phase  # noqa: E402
+from hippo.benchmarks.train import AuxHeads, Phase, TrainConfig, deepen_vision, run_phase  # noqa: E402
 from hippo.cli.pair.tokens import set_generation_defaults  # noqa: E402
 
 SIZES = [(168, 64, 4), (168, 128, 2), (168, 96, 3), (168, 192, 1), (168, 64, 4), (168, 256, 1)]
@@ -49,7 +49,13 @@ def config(
     weights: tuple[float, ...] | None = None,
     aux_object_weight: float = 4.0,
     vision_lr_scale: float = 0.3,
+    vision_steps: int = 0,
+    vision_lr: float = 3e-3,
+    aux_label_weights: dict | None = None,
+    aux_needle_weight: float = 0.0,
 ) -> TrainConfig:
+    """`vision_steps` > 0: a first phase ("vision") in which the vision encoder (and its merger) alone
+    learns the per-token labels at `vision_lr`, before the lists phase."""
     phase = Phase(
         "lists",
         steps,
@@ -61,13 +67,25 @@ def config(
         time_stretch=(1, 2, 4),
         question_weights=weights,
     )
+    vision = Phase(
+        "vision",
+        vision_steps,
+        SMALL_SIZES if small else SIZES,
+        lr=vision_lr,
+        vision_only=True,
+        task="lists",
+        time_stretch=(1, 2, 4),
+        question_weights=weights,
+    )
     return TrainConfig(
         role=role,
-        phases=[phase],
+        phases=[vision, phase] if vision_steps else [phase],
         warmup=10,
         seed=seed,
         attend_at=ATTEND_AT[role],
         aux_object_weight=aux_object_weight,
+        aux_label_weights=dict(aux_label_weights or {}),
+        aux_needle_weight=aux_needle_weight,
     )
 
 
@@ -111,8 +129,49 @@ def main(argv=None) -> None:
         default=0.3,
         help="the vision encoder (not its merger) learns at this times --lr (default: %(default)s)",
     )
+    p.add_argument(
+        "--aux-label-weights",
+        nargs="+",
+        default=[],
+        metavar="NAME=W",
+        help="how much a label's term counts in the auxiliary loss's mean over labels (colour, shape, "
+        "motion, step, cell; default 1 each), e.g. shape=8 motion=4",
+    )
+    p.add_argument(
+        "--aux-needle-weight",
+        type=float,
+        default=0.0,
+        help="weight of an auxiliary loss on each needle's shape read from its tokens' mean vision "
+        "feature (`train.needle_loss`; default: %(default)s, off)",
+    )
+    p.add_argument(
+        "--vision-steps",
+        type=int,
+        default=0,
+        help="first train the vision encoder (and its merger) alone on the per-token labels for this many "
+        "steps, at --vision-lr (default: %(default)s, none)",
+    )
+    p.add_argument("--vision-lr", type=float, default=3e-3)
+    p.add_argument(
+        "--vision-depth",
+        type=int,
+        default=None,
+        help="grow the vision encoder to this many blocks, the new ones identities at the start "
+        "(`train.deepen_vision`; default: as loaded)",
+    )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    if min(args.vision_steps, args.steps, args.aux_needle_weight) < 0:
+        p.error("--vision-steps, --steps and --aux-needle-weight must be 0 or more")
+    label_weights = {}
+    for item in args.aux_label_weights:
+        name, _, w = item.partition("=")
+        try:
+            label_weights[name] = float(w)
+        except ValueError:
+            p.error(f"--aux-label-weights takes NAME=W, got {item!r}")
+        if name not in ("colour", "shape", "motion", "step", "cell") or label_weights[name] < 0:
+            p.error(f"--aux-label-weights: unknown label or negative weight in {item!r}")
     if args.weights is not None and (min(args.weights) < 0 or not sum(args.weights)):
         p.error(f"--weights must be 4 non-negative numbers, not all 0, got {args.weights}")
     if args.vision_lr_scale < 0:
@@ -125,6 +184,8 @@ def main(argv=None) -> None:
     init = out if args.resume else (args.init or NIAH_DIR / args.role)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(init, dtype=torch.float32).train()
     set_generation_defaults(model)
+    if args.vision_depth is not None:
+        deepen_vision(model, args.vision_depth)
     tokenizer = build_tokenizer()
     aux = AuxHeads(model.config.text_config.hidden_size, cues=True, global_labels=("step",))
     if args.resume and (out / "aux.pt").is_file():
@@ -139,21 +200,30 @@ def main(argv=None) -> None:
         weights,
         args.aux_object_weight,
         args.vision_lr_scale,
+        args.vision_steps,
+        args.vision_lr,
+        label_weights,
+        args.aux_needle_weight,
     )
     print(f"[{args.role}] from {init}; {cfg}", flush=True)
 
-    def save(step: int) -> None:
-        if (step + 1) % args.save_every and step + 1 != args.steps:
-            return
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        torch.save(aux.state_dict(), out / "aux.pt")
-        print(f"[{args.role}] saved step {step + 1} -> {out}", flush=True)
+    def saver(phase):
+        def save(step: int) -> None:
+            if (step + 1) % args.save_every and step + 1 != phase.steps:
+                return
+            model.save_pretrained(out)
+            tokenizer.save_pretrained(out)
+            torch.save(aux.state_dict(), out / "aux.pt")
+            print(f"[{args.role} {phase.name}] saved step {step + 1} -> {out}", flush=True)
+
+        return save
 
     t0 = time.perf_counter()
-    run_phase(model, aux, tokenizer, cfg, 0, log=lambda s: print(s, flush=True), on_step=save)
+    for index, phase in enumerate(cfg.phases):
+        run_phase(model, aux, tokenizer, cfg, index, log=lambda s: print(s, flush=True), on_step=saver(phase))
     model.eval()
-    print(f"[{args.role}] trained {args.steps} steps in {time.perf_counter() - t0:.0f}s -> {out}", flush=True)
+    steps = " + ".join(str(ph.steps) for ph in cfg.phases)
+    print(f"[{args.role}] trained {steps} steps in {time.perf_counter() - t0:.0f}s -> {out}", flush=True)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,10 @@ class TrainConfig:
     seed: int = 0
     aux_weight: float = 1.0
     aux_object_weight: float = 4.0  # object tokens count this many times a background token
+    #: label name -> how much its term counts in the auxiliary loss's mean over labels (default 1 each)
+    aux_label_weights: dict = field(default_factory=dict)
+    #: weight of `AuxHeads.needle_loss` (the shape read from each needle's mean vision feature); 0: off
+    aux_needle_weight: float = 0.0
     keep_range: tuple[float, float] = (0.05, 0.3)  # kept share of the visual tokens when pruned
     overrides: dict = field(default_factory=dict)  # model size overrides
     init: str | None = None  # start from this checkpoint directory instead of a random model
@@ -133,18 +137,43 @@ class AuxHeads(torch.nn.Module):
         )
 
     def loss(
-        self, tap: str, h: torch.Tensor, labels: dict[str, torch.Tensor], obj_weight: float
+        self,
+        tap: str,
+        h: torch.Tensor,
+        labels: dict[str, torch.Tensor],
+        obj_weight: float,
+        label_weights: dict[str, float] | None = None,
     ) -> torch.Tensor:
-        # h [B, N, D]; labels name -> [B, N]
+        # h [B, N, D]; labels name -> [B, N]; label_weights: name -> its term's weight (default 1)
         total = h.new_zeros(())
         names = [n for n in (*AUX_CLASSES, *CUE_CLASSES) if f"{tap}_{n}" in self.heads and n in labels]
+        scale = {n: (label_weights or {}).get(n, 1.0) for n in names}
         for name in names:
             y = labels[name]  # -1: unknown, left out
             w = (1.0 + (obj_weight - 1.0) * (y > 0).float()) * (y >= 0).float()
             logits = self.heads[f"{tap}_{name}"](h).flatten(0, 1)
             ce = F.cross_entropy(logits, y.clamp(min=0).flatten(), reduction="none")
-            total = total + (ce * w.flatten()).sum() / w.sum()
-        return total / len(names)
+            total = total + scale[name] * (ce * w.flatten()).sum() / w.sum()
+        return total / sum(scale.values())
+
+
+def needle_loss(aux: AuxHeads, feats: torch.Tensor, labels: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy of the vision shape head on each needle's mean vision feature (over its tokens
+    whose shape is known): what an answer word that attends to the needle's tokens reads, on
+    average. `feats` [B, N, D]; labels' `step` names each token's needle (0: none)."""
+    step, shape = labels["step"], labels["shape"]
+    K = int(step.max())
+    if K == 0:
+        return feats.new_zeros(())
+    known = (shape > 0) & (step > 0)
+    onehot = (step[..., None] == torch.arange(1, K + 1)) & known[..., None]  # [B, N, K]
+    count = onehot.sum(1)  # [B, K]
+    pooled = torch.einsum("bnk,bnd->bkd", onehot.to(feats.dtype), feats) / count.clamp(min=1)[..., None]
+    # each needle's shape: the (one) shape label of its known tokens
+    y = (onehot * shape[..., None]).amax(1)  # [B, K]
+    used = count > 0
+    logits = aux.heads["vision_shape"](pooled[used])
+    return F.cross_entropy(logits, y[used])
 
 
 def attention_loss(
@@ -220,11 +249,14 @@ def step_loss(model, aux: AuxHeads, batch, cfg: TrainConfig, keep: torch.Tensor 
     start = h.shape[1] - Lc - 1
     logits = model.lm_head(h[:, start : start + Lc])  # [B, Lc, V]
     ce = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE)
+    lw = cfg.aux_label_weights
     a = (
-        aux.loss("vision", feats, labels, cfg.aux_object_weight)
-        + aux.loss("middle", captured["middle"][:, vis_rows], kept_labels, cfg.aux_object_weight)
-        + aux.loss("last", h[:, vis_rows], kept_labels, cfg.aux_object_weight)
+        aux.loss("vision", feats, labels, cfg.aux_object_weight, lw)
+        + aux.loss("middle", captured["middle"][:, vis_rows], kept_labels, cfg.aux_object_weight, lw)
+        + aux.loss("last", h[:, vis_rows], kept_labels, cfg.aux_object_weight, lw)
     ) / 3
+    if cfg.aux_needle_weight:
+        a = a + cfg.aux_needle_weight * needle_loss(aux, feats, labels)
     mask = batch.labels != IGNORE
     acc = ((logits.argmax(-1) == batch.labels) & mask).sum() / mask.sum()
     att = ce.new_zeros(())
@@ -390,7 +422,11 @@ def run_phase(
                 g["lr"] = lr_at(step, phase, cfg) * g["scale"]
             if phase.vision_only:
                 feats = visual(batch.pixels, grid_thw=batch.grid).pooler_output.view(batch.size, -1, D)
-                loss = aux.loss("vision", feats, batch.token_labels, cfg.aux_object_weight)
+                loss = aux.loss(
+                    "vision", feats, batch.token_labels, cfg.aux_object_weight, cfg.aux_label_weights
+                )
+                if cfg.aux_needle_weight:
+                    loss = loss + cfg.aux_needle_weight * needle_loss(aux, feats, batch.token_labels)
                 hist.append((0.0, loss.item(), 0.0, 0.0))
             else:
                 curriculum = step < phase.one_object_frac * phase.steps
@@ -431,9 +467,39 @@ def keep_layers(model, layers: tuple[int, ...]) -> None:
         text.layer_types = [text.layer_types[i] for i in layers]
 
 
+def deepen_vision(model, depth: int) -> None:
+    """Give the vision encoder `depth` blocks, the new ones first and each an identity at the start
+    (a copy of the first block whose attention and MLP output projections are zero): the model's
+    outputs are unchanged, and it saves and loads as the stock class (its config follows)."""
+    import copy
+
+    visual = model.model.visual
+    have = len(visual.blocks)
+    if depth < have:
+        raise ValueError(f"the vision encoder has {have} blocks; it can only grow, not to {depth}")
+    new = []
+    for _ in range(depth - have):
+        block = copy.deepcopy(visual.blocks[0])
+        for lin in (block.attn.proj, block.mlp.down_proj):
+            torch.nn.init.zeros_(lin.weight)
+            torch.nn.init.zeros_(lin.bias)
+        new.append(block)
+    visual.blocks = torch.nn.ModuleList([*new, *visual.blocks])
+    model.config.vision_config.depth = depth
+    # full-attention block indexes (none in the pairs' encoders) move with their blocks
+    shift = depth - have
+    visual.fullatt_block_indexes = [i + shift for i in visual.fullatt_block_indexes]
+    model.config.vision_config.fullatt_block_indexes = list(visual.fullatt_block_indexes)
+
+
 def _phase_key(cfg: TrainConfig, index: int) -> str:
     # fields that older configs did not have leave their keys as they were while left at their defaults
-    new = {"init_layers": None, "prune_strategies": TrainConfig.prune_strategies}
+    new = {
+        "init_layers": None,
+        "prune_strategies": TrainConfig.prune_strategies,
+        "aux_label_weights": {},
+        "aux_needle_weight": 0.0,
+    }
     fixed = {k: v for k, v in asdict(cfg).items() if k != "phases" and not (k in new and v == new[k])}
     phases = [{k: v for k, v in asdict(p).items() if v is not None} for p in cfg.phases]  # unset: as before
     text = json.dumps([fixed, phases[: index + 1]], sort_keys=True, default=str)

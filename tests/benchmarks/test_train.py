@@ -86,3 +86,47 @@ def test_attention_loss_reads_the_models_own_attention():
         # eager attention takes its softmax in float32: agreement to ~1e-8, where a wrong head,
         # position or token set is off by far more
         assert abs(float(loss + torch.stack(masses).log().mean())) < 1e-6
+
+
+def test_needle_loss_reads_each_needles_mean_vision_feature():
+    """`train.needle_loss`: the vision shape head on each needle's mean feature over its tokens of
+    known shape, one cross-entropy term per needle; per-label weights of 1 leave the auxiliary loss as
+    it was."""
+    from hippo.benchmarks.train import AuxHeads, needle_loss
+
+    torch.manual_seed(0)
+    aux = AuxHeads(8, cues=True, global_labels=("step",)).double()
+    step = torch.tensor([[0, 1, 1, 1, 2, 2, 0, 3]])
+    shape = torch.tensor([[0, 2, 2, -1, 3, 3, 0, -1]])  # needle 3: no token of known shape
+    labels = {"step": step, "shape": shape, "colour": (step > 0).long(), "motion": step.clamp(max=1)}
+    feats = torch.randn(1, 8, 8, dtype=torch.float64)
+    head = aux.heads["vision_shape"]
+    pooled = torch.stack([feats[0, 1:3].mean(0), feats[0, 4:6].mean(0)])
+    expected = torch.nn.functional.cross_entropy(head(pooled), torch.tensor([2, 3]))
+    assert torch.allclose(needle_loss(aux, feats, labels), expected)
+    plain = aux.loss("vision", feats, labels, 4.0)
+    assert torch.equal(aux.loss("vision", feats, labels, 4.0, {"shape": 1.0}), plain)
+    assert not torch.allclose(aux.loss("vision", feats, labels, 4.0, {"shape": 8.0}), plain)
+
+
+def test_deepened_vision_encoder_computes_the_same_features_and_reloads(tmp_path):
+    """`train.deepen_vision`: new blocks first, each an identity until trained; the config follows."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from hippo.benchmarks.batching import make_batch
+    from hippo.benchmarks.train import deepen_vision
+    from hippo.cli.pair.lists import lists_sample
+    from hippo.cli.pair.niah import NiahConfig
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(NARRATE_DIR / "target", dtype=torch.float32)
+    batch = make_batch(build_tokenizer(), [lists_sample(1, NiahConfig(size=84, frames=32))])
+    with torch.no_grad():
+        before = model.model.visual(batch.pixels, grid_thw=batch.grid).pooler_output
+        depth = len(model.model.visual.blocks)
+        deepen_vision(model, depth + 2)
+        after = model.model.visual(batch.pixels, grid_thw=batch.grid).pooler_output
+        model.save_pretrained(tmp_path)
+        again = Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32)
+        reloaded = again.model.visual(batch.pixels, grid_thw=batch.grid).pooler_output
+    assert len(again.model.visual.blocks) == depth + 2
+    assert torch.equal(after, before) and torch.equal(reloaded, before)
