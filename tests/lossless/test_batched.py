@@ -223,7 +223,8 @@ PARALLEL_BATCH_LAW = {
 
 def test_a_parallel_batch_draws_the_same_on_a_thread(corrupting_drafter):
     """A sampled `pearl` batch drafts the same blocks, and so draws the same tokens seed by seed,
-    whether its draft drafts on a thread beside the target or in the engine's thread (the simulated
+    whether its draft drafts on a thread beside the target, with its rows in a draft process (a
+    row's forked generator travels there when it joins) or in the engine's thread (the simulated
     executor's overlap, which the law check below runs)."""
     import copy
 
@@ -232,7 +233,8 @@ def test_a_parallel_batch_draws_the_same_on_a_thread(corrupting_drafter):
     prompts = [hm.Prompt.default("qwen2_5_vl", target, frames=f).inputs for f in (1, 2)]
     gen = {"do_sample": True, "max_new_tokens": 10, "top_k": 3, "temperature": 0.5}
     outs = {}
-    for name, executor in (("thread", THREAD), ("inline", {"executor": "simulated"})):
+    executors = {"thread": THREAD, "process": {"executor": "process"}, "inline": {"executor": "simulated"}}
+    for name, executor in executors.items():
         pipe = hr.build_pipeline(
             target, draft, scheduler="pearl", gamma=3, executor=executor,
             drafter=corrupting_drafter, drafter_options={"wrong": (0, 0, 1)},
@@ -240,11 +242,12 @@ def test_a_parallel_batch_draws_the_same_on_a_thread(corrupting_drafter):
         outs[name] = [pipe.generate_batch(prompts, seeds=[s, s + 1], **gen) for s in range(4)]
         pipe.close()
     post = 0
-    for a, b in zip(outs["thread"], outs["inline"]):
-        for x, y in zip(a, b):
-            assert torch.equal(x.sequences, y.sequences)
-            assert x.stats.accepted_per_round == y.stats.accepted_per_round
+    for a, b, c in zip(outs["thread"], outs["inline"], outs["process"]):
+        for x, y, z in zip(a, b, c):
+            assert torch.equal(x.sequences, y.sequences) and torch.equal(x.sequences, z.sequences)
+            assert x.stats.accepted_per_round == y.stats.accepted_per_round == z.stats.accepted_per_round
             assert any("beside the target" in n for n in x.stats.notes + y.stats.notes)
+            assert any("beside the target in its own process" in n for n in z.stats.notes)
             post += sum(d > 1 for d in x.stats.drafted_per_round)
     assert post, "no post-verify block was drafted beside the target"
 

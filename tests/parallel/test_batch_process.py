@@ -1,8 +1,8 @@
 """A parallel batch's draft rows in the draft process (`executor="process"`): q's stacked cache and
 its rows' bookkeeping live there (`hippo.engine.DraftRows` behind `ProcessBatchDraft`), driven by
-the engine's round. Each row is its own `target.generate`; a sampled batch draws what the same
-batch draws with its draft on a thread; a draft process that dies leaves the batch to the target
-alone, output unchanged; a row's own failure there fails that row only."""
+the engine's round. Each row is its own `target.generate`; a draft process that dies leaves the
+batch to the target alone, output unchanged; a row's own failure there fails that row only. (A
+sampled batch draws there what it draws on a thread: `tests/lossless/test_batched.py`.)"""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from hippo.testing.strategies import examples
 
 pytestmark = pytest.mark.xdist_group("processes")  # draft processes: one worker, one test at a time
 
-THREAD = {"executor": "inline", "executor_options": {"overlap": "thread"}}
 PROCESS = {"executor": "process", "executor_options": {"timeout": 60}}
 
 
@@ -76,32 +75,6 @@ def test_a_batch_drafts_in_the_draft_process_and_each_row_is_its_own_generate(
     assert blocks["pre"] and blocks["post"] and blocks["post partial"], blocks
     pipe.close()
     assert pipe.scheduler.executor.pid is None
-
-
-def test_a_sampled_batch_draws_in_the_draft_process_what_it_draws_on_a_thread(corrupting_drafter, no_leaks):  # noqa: F811
-    """A sampled row's draft draws from a fork of its generator, which travels to the draft process
-    when it joins: seed by seed, the batch emits the same tokens, round by round, as with its draft
-    on a thread (whose law `test_batched` checks)."""
-    target = hm.tiny("qwen2_5_vl", "target")
-    draft = copy.deepcopy(target)
-    inputs = [p.inputs for p in prompts(target)[:2]]
-    gen = {"do_sample": True, "max_new_tokens": 10, "top_k": 3, "temperature": 0.5}
-    outs = {}
-    for name, executor in (("thread", THREAD), ("process", PROCESS)):
-        pipe = hr.build_pipeline(
-            target, draft, scheduler="pearl", gamma=3, executor=executor,
-            drafter=corrupting_drafter, drafter_options={"wrong": (0, 0, 1)},
-        )  # fmt: skip
-        outs[name] = [pipe.generate_batch(inputs, seeds=[s, s + 1], **gen) for s in range(4)]
-        pipe.close()
-    post = 0
-    for a, b in zip(outs["thread"], outs["process"]):
-        for x, y in zip(a, b):
-            assert torch.equal(x.sequences, y.sequences)
-            assert x.stats.accepted_per_round == y.stats.accepted_per_round
-            assert in_process(y) and not in_process(x)
-            post += sum(d > 1 for d in y.stats.drafted_per_round)
-    assert post, "no post-verify block was drafted beside the target"
 
 
 def test_a_batch_whose_draft_process_dies_goes_on_with_the_target_alone(monkeypatch, no_leaks):  # noqa: F811
