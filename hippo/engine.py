@@ -150,7 +150,7 @@ class _DraftRow:
     a row (its prompt, its draft policy, what q consumed). It stands as its own `job`."""
 
     def __init__(self, prompt_ids: torch.Tensor, policy: Any):  # prompt_ids [T0]
-        self.job, self.prompt_ids, self.policy, self.draft_policy = self, prompt_ids, policy, policy
+        self.job, self.prompt_ids, self.draft_policy = self, prompt_ids, policy
         self.draft_generated: list[int] = []
         self.unread_fed = 0
         self.error: BaseException | None = None

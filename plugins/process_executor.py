@@ -126,11 +126,11 @@ def _worker_main(model, adapter_cls, adapter_options, threads, contexts, cmd_q, 
                     side.close()
                 side = _side(adapter, store, payload)
             elif cmd == "rows_join":  # q's pruned prefill of a row, stacked as the last row
-                job, keep, prompt_ids, policy = payload
+                job, keep, prompt_ids = payload
                 joining = _side(adapter, store, job)
                 if rows is None:
                     rows = DraftRows(joining.drafter, joining.sessions, model)
-                rows.join(joining.prefill(keep), prompt_ids, policy)
+                rows.join(joining.prefill(keep), prompt_ids, joining.policy)
             elif cmd == "rows_draft":
                 drafted, chains, seconds, forwards, errors = rows.draft(*payload)
                 result = (drafted, chains, seconds, forwards, [_portable(e) for e in errors])
@@ -226,20 +226,38 @@ class _DraftProcess:
         return self.ticket
 
     def receive(self, deadline: float, timeout: float) -> tuple:
-        """The next result: (status, ticket, command, result, span); `DraftFailure` where the
-        process died or gave none by `deadline` (time.monotonic())."""
+        """The next result: (ticket, command, result, span); `DraftFailure` where the command raised
+        in the child, or the process died or gave none by `deadline` (time.monotonic())."""
         while True:
             try:
-                return self.res_q.get(timeout=0.05)
+                status, ticket, cmd, result, span = self.res_q.get(timeout=0.05)
             except queue.Empty:
                 if not self.alive:
                     raise DraftFailure(f"the draft process died (exit code {self.proc.exitcode})") from None
                 if time.monotonic() > deadline:
                     self.close()
                     raise DraftFailure(f"the draft process gave no answer within {timeout} s") from None
+                continue
+            if status == "error":
+                raise DraftFailure(f"the draft raised during {cmd}: {result.strip().splitlines()[-1]}")
+            return ticket, cmd, result, span
 
     def close(self) -> None:
         self._finalizer()
+
+
+def _draft_side(job: DecodeJob, policy: Any) -> tuple:
+    """What the child needs to draft for `job` (its inputs, the draft policy `policy`, the drafter,
+    the draft session kind, its length and its draft prefix), as `_side` takes it in the child."""
+    p = job.pipeline
+    return (
+        dict(job.inputs),
+        policy,
+        p.drafter,
+        p.sessions["draft"],
+        job.max_new_tokens,
+        job.source.draft_prefix(),
+    )
 
 
 class ProcessDraftWorker(DraftWorker):
@@ -251,25 +269,13 @@ class ProcessDraftWorker(DraftWorker):
         self._inflight: int | None = None
         self._asked: tuple[int, int] = (-1, 0)  # the in-flight drafting's (start position, γ)
         # the draft side's policy: forked here (the child's own generator), the target's V inside
-        p = job.pipeline
-        prefix = job.source.draft_prefix()
-        payload = (
-            dict(job.inputs),
-            job.policy.fork(),
-            p.drafter,
-            p.sessions["draft"],
-            job.max_new_tokens,
-            prefix,
-        )
-        self.dp.send("job", payload)
+        self.dp.send("job", _draft_side(job, job.policy.fork()))
 
     def _wait(self, ticket: int):
         """Read results until `ticket`'s arrives; every other result is bookkeeping."""
         deadline = time.monotonic() + self.ex.config.timeout
         while True:
-            status, t, cmd, result, span = self.dp.receive(deadline, self.ex.config.timeout)
-            if status == "error":
-                raise DraftFailure(f"the draft raised during {cmd}: {result.strip().splitlines()[-1]}")
+            t, cmd, result, span = self.dp.receive(deadline, self.ex.config.timeout)
             self.draft_busy.append(span)
             if self.job.events is not None and cmd in ("prefill", "propose"):
                 self._book(t, cmd, result, span)
@@ -335,23 +341,13 @@ class ProcessBatchDraft(BatchDraft):
         """Ticket's result and its span; the results of commands not waited for come first."""
         deadline = time.monotonic() + self.ex.config.timeout
         while True:
-            status, t, cmd, result, span = self.dp.receive(deadline, self.ex.config.timeout)
-            if status == "error":
-                raise DraftFailure(f"the draft raised during {cmd}: {result.strip().splitlines()[-1]}")
+            t, cmd, result, span = self.dp.receive(deadline, self.ex.config.timeout)
             if t == ticket:
                 return result, span
 
     def join(self, job: DecodeJob, policy: Any) -> None:
-        p = job.pipeline
-        side = (
-            dict(job.inputs),
-            policy,
-            p.drafter,
-            p.sessions["draft"],
-            job.max_new_tokens,
-            job.source.draft_prefix(),
-        )
-        _, span = self._wait(self.dp.send("rows_join", (side, job.prune(), job.prompt_ids, policy)))
+        side = _draft_side(job, policy)
+        _, span = self._wait(self.dp.send("rows_join", (side, job.prune(), job.prompt_ids)))
         job.stats.seconds_draft_prefill += span[1] - span[0]  # its vision encoding included
         if job.events is not None:
             job.events.add("draft", "prefill", *span)
