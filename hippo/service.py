@@ -9,8 +9,9 @@ the rounds: the file is read and laid out on a media thread while the rounds go 
 there), then, while rows are live, the preparation advances by one step between two rounds (the
 encoding, or one piece of at most `prefill_rows` prompt rows of the target's prefill,
 `Pipeline.prepare_steps`), so the live rows wait for one piece, not for the whole prefill; with no
-live row, nobody waits, and it runs to the end at once (as do the others of a burst of new videos
-that came together: the first one's rows wait for them once, after their first token). At most
+live row, nobody waits, and it runs to the end at once, its prefill in one piece (as do the others
+of a burst of new videos that came together: the first one's rows wait for them once, after their
+first token). At most
 `prepares_per_round` videos are in preparation while rows are live (default 1); requests about a
 prepared video (a question's few tokens) are admitted as the batch has room, and those about a
 video in preparation start when it is ready. `prefills_per_round` caps all admissions per round
@@ -450,8 +451,9 @@ class Service:
                 continue
             t0, waiting = time.perf_counter(), bool(self.live)
             try:
-                if prep.steps is None:
-                    prep.steps = self.contexts.prepare(prep.reading.result(), key, self.prefill_rows)
+                if prep.steps is None:  # with no live row it runs whole: its prefill in one piece
+                    rows = self.prefill_rows if stepwise else None
+                    prep.steps = self.contexts.prepare(prep.reading.result(), key, rows)
                 ctx = next(prep.steps) if stepwise else collections.deque(prep.steps, maxlen=1)[0]
             except Exception as exc:
                 del self.preparing[key]

@@ -12,9 +12,9 @@ the stack, padded to the longest and carried with a per-row validity mask of the
 - keys are stored after their rotary embedding, so the order of slots does not matter: a row rolls
   back by marking its rejected slots invalid (no crop), and the cache is compacted (each row's valid
   slots gathered to the front) once the holes pass a threshold;
-- a row joins at any time (`join`: its cache is padded and concatenated) and a finished or
-  cancelled row leaves at once (`select`: `index_select` on the batch dimension), so a row only
-  costs compute while it is live;
+- a row joins at any time (`join`: its cache is written into the next spare row of the slab,
+  `hippo.kvcache.SlabLayer.stack`, padded with zeros) and a finished or cancelled row leaves at once
+  (`select`: the kept rows move to the front in place), so a row only costs compute while it is live;
 - slots at the end that no row holds any more (rolled back in every row) are cropped, and a forward
   whose rows are all full, with every slot valid, runs without a mask, as a session does: so a
   batch of one row never has holes. The narration pair's serial γ = 5 at batch 1 took 1.095x the
@@ -98,6 +98,10 @@ class BatchedCache:
         sizes = [s.cache_len() for s in sessions]
         S = max(self.size, *sizes)
         for i, layer in enumerate(self.cache.layers):
+            if isinstance(layer, SlabLayer):  # written into the slab's spare rows, where it has them
+                rows = [(s.cache.layers[i].keys, s.cache.layers[i].values) for s in sessions]
+                layer.stack(self.rows, rows, S)
+                continue
             keys = [_pad(layer.keys, S)] if self.rows else []  # [B, H, S, D]
             values = [_pad(layer.values, S)] if self.rows else []
             for s in sessions:
@@ -245,6 +249,8 @@ class BatchedCache:
             return
         idx = torch.as_tensor(list(rows), dtype=torch.long)
         for layer in self.cache.layers:
+            if isinstance(layer, SlabLayer) and layer.keep_batch(list(rows)):  # in place
+                continue
             i = idx.to(layer.keys.device)
             layer.keys, layer.values = layer.keys.index_select(0, i), layer.values.index_select(0, i)
         self.valid = self.valid.index_select(0, idx)

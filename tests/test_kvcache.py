@@ -123,6 +123,88 @@ def test_a_prefill_of_known_length_allocates_its_slab_once_and_is_kept_without_a
     assert torch.equal(layer.keys, keys)
 
 
+batch_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("join"), st.lists(st.integers(1, 40), min_size=1, max_size=3)),
+        st.tuples(st.just("append"), st.integers(1, 90)),
+        st.tuples(st.just("crop"), st.integers(1, 40)),
+        st.tuples(st.just("keep"), st.lists(st.integers(0, 7), min_size=1, max_size=6, unique=True)),
+        st.tuples(st.just("rebind"), st.just(0)),
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+def _row(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:  # a batch-1 cache's (keys, values)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, H, n, D, generator=g), torch.randn(1, H, n, D, generator=g)
+
+
+def _padded(t: torch.Tensor, size: int) -> torch.Tensor:  # [b, H, n, D] -> [b, H, size, D], zeros after
+    return torch.nn.functional.pad(t, (0, 0, 0, size - t.shape[2]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(batch_ops)
+def test_a_batch_in_a_slab_holds_what_concatenated_rows_hold(steps):
+    """A batch's rows in one slab (`SlabLayer.stack` for rows joining, `keep_batch` for rows leaving)
+    hold exactly what `torch.cat` of the zero-padded rows and `index_select` hold (what a batch held
+    before slabs), padding zeros included, under joins, appends, crops, rows leaving and rebinds
+    (someone else's gather); a join into a slab with a spare row and room writes in place."""
+    layer = SlabLayer(reserve=7)
+    first = _row(7, 0)
+    with torch.inference_mode():
+        layer.update(*first)
+        keys, values = first  # the reference: plain tensors [B, H, S, D]
+        layer.stack(0, [(layer.keys, layer.values)], 7)
+        for i, (op, arg) in enumerate(steps, start=1):
+            B, S = keys.shape[0], keys.shape[2]
+            if op == "join":
+                rows = [_row(n, 100 * i + j) for j, n in enumerate(arg)]
+                size = max(S, *arg)
+                own = layer.keys.data_ptr() == layer.slabs[0].data_ptr()  # not rebound since
+                room = own and layer.slabs[0].shape[0] >= B + len(rows) and layer.slabs[0].shape[2] >= size
+                slab = layer.slabs[0].data_ptr()
+                layer.stack(B, rows, size)
+                assert not room or layer.slabs[0].data_ptr() == slab  # no copy of the live rows
+                keys = torch.cat([_padded(keys, size), *(_padded(k, size) for k, _ in rows)])
+                values = torch.cat([_padded(values, size), *(_padded(v, size) for _, v in rows)])
+            elif op == "append":
+                g = torch.Generator().manual_seed(i)
+                k, v = torch.randn(B, H, arg, D, generator=g), torch.randn(B, H, arg, D, generator=g)
+                layer.update(k, v)
+                keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
+            elif op == "crop" and arg < S:
+                layer.crop(-arg)
+                keys, values = keys[:, :, :-arg], values[:, :, :-arg]
+            elif op == "keep":
+                rows = [r for r in arg if r < B] or [0]
+                if not layer.keep_batch(rows):
+                    layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+                keys, values = keys[rows], values[rows]
+            elif op == "rebind":  # a compaction's gather: new tensors, the next append copies them
+                layer.keys, layer.values = layer.keys.flip(2), layer.values.flip(2)
+                keys, values = keys.flip(2), values.flip(2)
+            assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values), (i, op, arg)
+
+
+def test_rows_leaving_a_batch_move_in_place_and_the_slab_keeps_its_spare_rows():
+    layer = SlabLayer()
+    with torch.inference_mode():
+        layer.stack(0, [_row(5, 0), _row(3, 1), _row(4, 2)], 5)
+        slab = layer.slabs[0]
+        assert slab.shape[0] == 3
+        kept = layer.keys[[2, 0]].clone()
+        assert layer.keep_batch([2, 0]) and layer.slabs[0] is slab
+        assert torch.equal(layer.keys, kept)
+        layer.stack(2, [_row(6, 3)], 6)  # a spare row and spare slots: written in place
+        assert layer.slabs[0] is slab and layer.keys.shape == (3, H, 6, D)
+        layer.stack(3, [_row(2, 4), _row(2, 5)], 6)  # no spare row: a new slab, with half the live rows spare
+        assert layer.slabs[0] is not slab and layer.slabs[0].shape[0] == 5 + 1
+        assert torch.equal(layer.keys[:2, :, :6], _padded(kept, 6))
+
+
 class _Toy(ModelSession):
     """A session whose logits after each token are a function of the whole sequence so far, so a
     wrong catch-up (a token kept that should have gone, or a missing refeed) shows in the logits."""

@@ -839,7 +839,8 @@ def test_requests_that_come_while_the_loop_reads_the_queue_each_get_their_own_vi
 def test_new_videos_that_come_together_to_an_idle_service_are_prepared_before_its_first_round(files):
     """In process: two requests about two new videos reach an idle service together. Both videos are
     prepared, whole, before the first round (the second's pieces do not wait for rounds of the
-    first's row), and the first's row waits for that once, after its first token."""
+    first's row), each prefilled in one piece, and the first's row waits for that once, after its
+    first token."""
     from tiny_checkpoint import tiny_tokenizer
 
     from hippo.service import Request, Service
@@ -853,6 +854,11 @@ def test_new_videos_that_come_together_to_an_idle_service_are_prepared_before_it
         tiny_tokenizer(),
         prefill_rows=5,
         on_round=lambda s: seen.append(len(s.contexts.entries)),
+    )
+    pieces = []  # the prefill piece of each preparation (None: whole)
+    prepare = service.contexts.prepare
+    service.contexts.prepare = lambda source, key, rows=None: (
+        pieces.append(rows) or prepare(source, key, rows)
     )
     requests = [
         Request(
@@ -871,6 +877,7 @@ def test_new_videos_that_come_together_to_an_idle_service_are_prepared_before_it
     finally:
         service.close(0)
     assert seen[0] == 2, seen
+    assert pieces == [None, None]  # nobody was waiting: one forward each, as generate prefills
     assert waits == 2  # the first row waited for the second video's preparation, and its question
 
 
