@@ -18,8 +18,8 @@ then writes into it again: each copies its entries into a slab of its own at its
 A batch (`hippo.stacked.BatchedCache`) shows its live rows as a prefix on the batch dimension too
 (`keys = slab[:B, :, :n]`), with spare rows as well as spare slots: a row joins by writing its cache
 into the next spare row (`stack`), and rows leave by moving the kept ones to the front in place
-(`keep_batch`). Before, each join and each leaving copied every row's cache twice (`torch.cat` or
-`index_select`, then the next append's move into a new slab).
+(`keep_batch`). So a join copies the joining row's cache only, where `torch.cat` (or `index_select`,
+for rows leaving) copied every live row's, and the next append moved them all into a new slab again.
 """
 
 from __future__ import annotations

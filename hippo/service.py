@@ -11,11 +11,10 @@ encoding, or one piece of at most `prefill_rows` prompt rows of the target's pre
 `Pipeline.prepare_steps`), so the live rows wait for one piece, not for the whole prefill; with no
 live row, nobody waits, and it runs to the end at once, its prefill in one piece (as do the others
 of a burst of new videos that came together: the first one's rows wait for them once, after their
-first token). At most
-`prepares_per_round` videos are in preparation while rows are live (default 1); requests about a
-prepared video (a question's few tokens) are admitted as the batch has room, and those about a
-video in preparation start when it is ready. `prefills_per_round` caps all admissions per round
-while rows are live (default: none).
+first token). At most `prepares_per_round` videos are in preparation while rows are live (default
+1); requests about a prepared video (a question's few tokens) are admitted as the batch has room,
+and those about a video in preparation start when it is ready. `prefills_per_round` caps all
+admissions per round while rows are live (default: none).
 `stall_seconds` records each step the live rows waited for (the last `STALLS_KEPT`).
 Other threads only submit, cancel and read tickets.
 
