@@ -1,7 +1,8 @@
 """The `process` executor: the draft lives in its own process, on its own cores or device.
 
-Transport is torch.multiprocessing (a fork server, or spawn): command and result queues, whose tensors travel
-through shared memory, and one shared integer that asks the in-flight drafting to stop. The child
+Transport is torch.multiprocessing (a fork server, or spawn): command and result queues, pickled in the
+sender's thread, whose small CPU tensors travel by value and the others through shared memory (CUDA
+IPC on a GPU), and one shared integer that asks the in-flight drafting to stop. The child
 holds the draft model (shared, not copied) and rebuilds its adapter with the adapter's own
 `options`; the job's `DraftSide` there encodes the video with the draft's own vision tower (for a
 video context's question: the prefix's encoding, kept in the child for its last `contexts` contexts,
@@ -28,12 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import os
 import pickle
 import queue
 import time
 import traceback
 import weakref
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import attrs
@@ -42,7 +45,7 @@ import torch.multiprocessing as mp
 
 from hippo import hookimpl
 from hippo.compat import drop_output_capturing_hooks, register_output_capturing
-from hippo.context import DraftPrefix, EncodingStore
+from hippo.context import EncodingStore
 from hippo.draft import DraftSide
 from hippo.engine import DraftRows
 from hippo.executor import BatchDraft, DraftFailure, DraftWorker, Executor, overlap_seconds
@@ -51,30 +54,41 @@ from hippo.placement import input_device
 from hippo.proposal import DraftProposal
 from hippo.validators import positive_int
 
+#: a CPU tensor up to this size crosses the queues by value, in the pickle; a larger one (a sampled
+#: draft's laws [γ, V] on a real vocabulary) through shared memory. Passing a storage through shared
+#: memory costs a socket connection to the sender's resource sharer and a mapping, about 1-2 ms on a
+#: 2-core EPYC, where 256 KiB by value costs a few tenths of a millisecond.
+INLINE_BYTES = 256 * 1024
 
-def _shared(payload: Any) -> Any:
-    """Move payload tensors to shared memory *now*, in the calling thread.
 
-    A queue pickles in a background feeder thread, and pickling a CPU tensor moves its storage to
-    shared memory in place, freeing the old buffer. If that happened while this process still read
-    the tensor (the target encoding the same pixel values), the reader would touch freed memory.
+def _inline_tensor(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+class _Pickler(ForkingPickler):
+    """torch.multiprocessing's pickler (tensors through shared memory, CUDA tensors by IPC handle), but
+    small CPU tensors by value (`INLINE_BYTES`)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.nbytes <= INLINE_BYTES:
+            flat = obj.detach().contiguous().reshape(-1).view(torch.uint8)
+            return _inline_tensor, (flat.numpy().tobytes(), obj.dtype, tuple(obj.shape))
+        return NotImplemented
+
+
+def _pack(payload: Any) -> bytes:
+    """`payload` pickled *now*, in the calling thread, for a queue.
+
+    A queue would pickle in a background feeder thread, and pickling a large CPU tensor moves its
+    storage to shared memory in place, freeing the old buffer: had that happened while this process
+    still read the tensor (the target encoding the same pixel values), the reader would touch freed
+    memory. The receiver unpickles with `pickle.loads`.
     """
-    if isinstance(payload, torch.Tensor):
-        return payload.share_memory_()
-    if isinstance(payload, DraftProposal):
-        return payload.map_tensors(_shared)
-    if isinstance(payload, DraftPrefix):
-        return attrs.evolve(
-            payload,
-            prefix_inputs=_shared(payload.prefix_inputs),
-            inputs=_shared(payload.inputs),
-            question=_shared(payload.question),
-        )
-    if isinstance(payload, tuple | list):
-        return type(payload)(_shared(x) for x in payload)
-    if isinstance(payload, dict):
-        return {k: _shared(v) for k, v in payload.items()}
-    return payload
+    buf = io.BytesIO()
+    _Pickler(buf, pickle.HIGHEST_PROTOCOL).dump(payload)
+    return buf.getvalue()
 
 
 def _portable(exc: BaseException | None) -> BaseException | None:
@@ -111,7 +125,7 @@ def _worker_main(model, adapter_cls, adapter_options, threads, contexts, cmd_q, 
     parent = mp.parent_process()
     while True:
         try:
-            cmd, ticket, payload = cmd_q.get(timeout=1.0)
+            cmd, ticket, payload = pickle.loads(cmd_q.get(timeout=1.0))
         except queue.Empty:
             if parent is not None and not parent.is_alive():
                 return  # the parent was killed: do not linger as an orphan
@@ -149,15 +163,15 @@ def _worker_main(model, adapter_cls, adapter_options, threads, contexts, cmd_q, 
                 result = side.propose(prefix, gamma, should_stop)
             else:
                 raise ValueError(f"unknown command {cmd!r}")
-            res_q.put(("ok", ticket, cmd, _shared(result), (t0, time.perf_counter())))
+            res_q.put(_pack(("ok", ticket, cmd, result, (t0, time.perf_counter()))))
         except Exception:
-            res_q.put(("error", ticket, cmd, traceback.format_exc(limit=8), (t0, time.perf_counter())))
+            res_q.put(_pack(("error", ticket, cmd, traceback.format_exc(limit=8), (t0, time.perf_counter()))))
 
 
 def _shutdown(proc, cmd_q) -> None:
     if proc.is_alive():
         try:
-            cmd_q.put(("close", -1, None))
+            cmd_q.put(_pack(("close", -1, None)))
         except (OSError, ValueError):
             pass
         proc.join(5)
@@ -222,7 +236,7 @@ class _DraftProcess:
         if not self.alive:
             raise DraftFailure(f"the draft process is not running (exit code {self.proc.exitcode})")
         self.ticket += 1
-        self.cmd_q.put((cmd, self.ticket, _shared(payload)))
+        self.cmd_q.put(_pack((cmd, self.ticket, payload)))
         return self.ticket
 
     def receive(self, deadline: float, timeout: float) -> tuple:
@@ -230,7 +244,7 @@ class _DraftProcess:
         in the child, or the process died or gave none by `deadline` (time.monotonic())."""
         while True:
             try:
-                status, ticket, cmd, result, span = self.res_q.get(timeout=0.05)
+                status, ticket, cmd, result, span = pickle.loads(self.res_q.get(timeout=0.05))
             except queue.Empty:
                 if not self.alive:
                     raise DraftFailure(f"the draft process died (exit code {self.proc.exitcode})") from None

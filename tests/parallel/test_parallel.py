@@ -509,3 +509,36 @@ def test_a_parallel_batch_leaves_no_draft_thread():
     assert "the draft drafted beside the target (pre-/post-verify)" in outs[0].stats.notes
     assert not [t for t in threading.enumerate() if t.name.startswith("hippo-batch-draft")]
     pipe.close()
+
+
+def test_small_tensors_cross_the_draft_queues_by_value_large_ones_through_shared_memory():
+    """What the process executor puts on its queues comes back equal (dtype, shape, values), whatever
+    the tensor's dtype, shape or strides; a CPU tensor up to `INLINE_BYTES` travels inside the pickle
+    (no shared-memory file descriptor, which costs a socket connection to receive), a larger one
+    does not, and a draft proposal's fields keep their types."""
+    import pickle
+
+    from hippo.plugins.process_executor import INLINE_BYTES, _pack
+    from hippo.proposal import DraftProposal
+
+    small = [
+        torch.tensor(7),
+        torch.empty(0, 5),
+        torch.tensor([True, False, True]),
+        torch.arange(12, dtype=torch.bfloat16).reshape(3, 4),
+        torch.arange(24, dtype=torch.float64).reshape(4, 6).t(),  # not contiguous
+        torch.arange(100)[10:40:3],  # a strided view into a larger storage
+    ]
+    for x in small:
+        data = _pack(("ok", 1, x))
+        y = pickle.loads(data)[2]
+        assert y.dtype == x.dtype and y.shape == x.shape and torch.equal(y, x)
+        assert not y.is_shared()
+    big = torch.randn(INLINE_BYTES // 4 + 1)
+    data = _pack(big.clone())
+    assert len(data) < INLINE_BYTES  # its storage went to shared memory, not into the pickle
+    assert torch.equal(pickle.loads(data), big)
+    prop = DraftProposal(torch.tensor([3, 1, 4]), torch.softmax(torch.randn(3, 9), -1))
+    back = pickle.loads(_pack(prop))
+    assert isinstance(back, DraftProposal) and back.chain
+    assert torch.equal(back.tokens, prop.tokens) and torch.equal(back.q, prop.q)
