@@ -39,8 +39,19 @@ T = TypeVar("T")
 
 
 def overlap_seconds(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Total length of the intersection of two sets of disjoint [start, end) intervals (seconds)."""
-    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
+    """Total length of the intersection of two sets of disjoint [start, end) intervals (seconds), in
+    one sweep over both in order: workers call it every round on their growing lists of busy spans."""
+    a, b = sorted(a), sorted(b)  # already in order where they were appended as the work happened
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        (s1, e1), (s2, e2) = a[i], b[j]
+        total += max(0.0, min(e1, e2) - max(s1, s2))
+        if e1 < e2:  # a[i] ends first: no later interval of b meets it
+            i += 1
+        else:
+            j += 1
+    return total
 
 
 class DraftFailure(HippoError):
