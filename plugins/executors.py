@@ -140,10 +140,13 @@ class ThreadDraftWorker(DraftWorker):
                 result = task.result()
             except Exception as exc:
                 raise DraftFailure(f"the draft raised on its thread: {type(exc).__name__}: {exc}") from exc
-        self.seconds_overlapped = overlap_seconds(self.draft_busy, self.target_busy)
         if not isinstance(result, DraftProposal):
             raise DraftFailure("collect() was called with no drafting in flight")
         return result
+
+    @property
+    def seconds_overlapped(self) -> float:  # computed when read (a job's end), not every round
+        return overlap_seconds(self.draft_busy, self.target_busy)
 
     def close(self) -> None:
         self.stop()
@@ -241,8 +244,11 @@ class SimulatedDraftWorker(LocalDraftWorker):
             self.clock.now = max(self.clock.now, self._done_at[-1])  # waiting for the draft
         self._done_at = []
         self.seconds_decode, self.tokens_drafted = self._virtual["decode"], self._virtual_tokens
-        self.seconds_overlapped = overlap_seconds(self.busy, self.clock.target_busy)
         return super().collect()
+
+    @property
+    def seconds_overlapped(self) -> float:  # computed when read (a job's end), not every round
+        return overlap_seconds(self.busy, self.clock.target_busy)
 
 
 class SimulatedExecutor(Executor):

@@ -299,8 +299,11 @@ class ProcessDraftWorker(DraftWorker):
                 self.seconds_decode += span[1] - span[0]
                 self.tokens_drafted += result.size
             if t == ticket:
-                self.seconds_overlapped = overlap_seconds(self.draft_busy, self.target_busy)
                 return result
+
+    @property
+    def seconds_overlapped(self) -> float:  # computed when read (a job's end), not every round
+        return overlap_seconds(self.draft_busy, self.target_busy)
 
     def _book(self, ticket: int, cmd: str, result: Any, span: tuple[float, float]) -> None:
         """The child's work on the job's event record (its clock is the parent's: see hippo.events)."""
