@@ -29,6 +29,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
 import torch  # noqa: E402
@@ -69,6 +70,90 @@ def holistic_keep(target, tokenizer, smp, ratio: float = 0.1) -> torch.Tensor:  
     finally:
         pipe.close()
     return out.kept_visual_index.cpu().sort().values[None]
+
+
+def selection_run(target, tokenizer, smp, scorer: str, ratio: float = 0.1) -> tuple[torch.Tensor, list[int]]:
+    """What `scorer`'s top-k keeps of this clip (from the target's own prefill) and the target's greedy
+    answer (the pipeline is lossless: its tokens are the target's), from one prefill: ([1, K], ids)."""
+    import hippo
+    from hippo.benchmarks.tokenizer import processor_inputs
+
+    inputs = processor_inputs(tokenizer, smp.video, smp.question, fps=smp.fps)
+    pipe = (
+        hippo.PipelineBuilder()
+        .target(target)
+        .draft(target)
+        .scorer(scorer)
+        .selector("topk", keep_ratio=ratio)
+        .scheduler("serial", gamma=1)
+        .build()
+    )
+    try:
+        out = pipe.generate(inputs, max_new_tokens=MAX_ANSWER, do_sample=False)
+    finally:
+        pipe.close()
+    ids = [
+        t for t in out.sequences[0, inputs["input_ids"].shape[1] :].tolist() if t != tokenizer.eos_token_id
+    ]
+    return out.kept_visual_index.cpu().sort().values[None], ids
+
+
+def ratio_ci(tokens: list[int], rounds: list[int]) -> tuple[float, float, float]:
+    """MAT = sum(tokens) / sum(rounds) over answers, with a 95% interval that treats each answer as
+    one draw (the ratio estimator's variance over answers: rounds of one answer are not independent)."""
+    n, t, r = len(tokens), sum(tokens), sum(rounds)
+    mat = t / r
+    if n < 2:
+        return mat, mat, mat
+    mean_r = r / n
+    var = sum((a - mat * b) ** 2 for a, b in zip(tokens, rounds)) / (n * (n - 1) * mean_r**2)
+    half = 1.96 * math.sqrt(var)
+    return mat, mat - half, mat + half
+
+
+MAT_SELECTIONS = ("holistic", "attention", "uniform", "full", "oracle")
+
+
+@torch.inference_mode()
+def mat_by_selection(
+    target, draft, tokenizer, tokens: int, n: int, seed: int = 0, ratio: float = 0.1
+) -> dict:
+    """The draft's MAT (greedy chain drafting, γ = 5, exact from teacher forcing) on `n` held-out clips
+    of `tokens` visual tokens, each asked the four questions, per selection of its visual tokens at
+    `ratio`: holistic and attention-only top-k (from the target's prefill of that question), uniform,
+    full, oracle (the needles' tokens, topped up uniformly). Per selection: MAT with a 95% interval over
+    the 4n answers (`ratio_ci`), and the share of needle tokens kept."""
+    per = {s: {"tokens": [], "rounds": [], "needles": [0, 0]} for s in MAT_SELECTIONS}
+    eos = tokenizer.eos_token_id
+    for i in range(n):
+        for q in QUESTIONS:
+            smp = lists_sample(HELD_OUT + seed + i, config_for(tokens), q)
+            batch = make_batch(tokenizer, [smp])
+            N = batch.video_rows.numel()
+            needles = needle_rows(smp)
+            holistic, answer = selection_run(target, tokenizer, smp, "holistic", ratio)
+            attention, _ = selection_run(target, tokenizer, smp, "attention", ratio)
+            keeps = {
+                "holistic": holistic,
+                "attention": attention,
+                "uniform": kept("uniform", N),
+                "full": None,
+                "oracle": kept("oracle", N, keep=needles),
+            }
+            ids = answer + [eos]
+            for name, keep in keeps.items():
+                match = matches(draft, batch, ids, keep)
+                per[name]["tokens"].append(len(match))
+                per[name]["rounds"].append(chain_rounds(match))
+                if keep is not None:
+                    per[name]["needles"][0] += int(torch.isin(needles, keep[0]).sum())
+                    per[name]["needles"][1] += needles.numel()
+    out: dict = {"visual_tokens": tokens, "clips": n, "answers": n * len(QUESTIONS), "keep_ratio": ratio}
+    for name, d in per.items():
+        mat, lo, hi = ratio_ci(d["tokens"], d["rounds"])
+        k, total = d["needles"]
+        out[name] = {"mat": mat, "ci95": [lo, hi], "needle_recall": k / total if total else 1.0}
+    return out
 
 
 @torch.inference_mode()

@@ -185,3 +185,50 @@ def test_the_batch_projection_charges_each_round_at_the_batch_costs() -> None:
     assert 1.0 < serial["speedup_over_target_alone"][0] < parallel["speedup_over_target_alone"][0]
     poor = batch_decode_projection([row([1] * 12, 13)] * 2, parallel=False)
     assert poor["speedup_over_target_alone"][1] < 1.0  # a draft that never helps costs its forwards
+
+
+def test_the_mat_over_answers_is_their_pooled_ratio_with_an_interval_that_shrinks_with_answers() -> None:
+    """`ratio_ci`: MAT is all answers' tokens over all their rounds; its 95% interval holds it, is a
+    point for one answer or for answers of one ratio, and narrows as the answers repeat."""
+    from hippo.benchmarks.lists_eval import ratio_ci
+
+    tokens, rounds = [9, 8, 7, 9], [3, 5, 2, 6]
+    mat, lo, hi = ratio_ci(tokens, rounds)
+    assert mat == pytest.approx(33 / 16) and lo < mat < hi
+    assert ratio_ci([9], [3]) == (3.0, 3.0, 3.0)
+    assert ratio_ci([6, 9], [2, 3]) == pytest.approx((3.0, 3.0, 3.0))
+    _, lo4, hi4 = ratio_ci(tokens * 4, rounds * 4)
+    assert hi4 - lo4 < (hi - lo) / 1.9
+
+
+def test_the_report_states_the_mat_order_over_answers_and_whether_the_intervals_part() -> None:
+    from hippo.benchmarks.long import claims_markdown
+
+    sel = {s: {"mat": m, "ci95": [m - 0.1, m + 0.1]} for s, m in
+           {"holistic": 2.1, "attention": 1.9, "uniform": 1.6, "full": 2.0, "oracle": 2.2}.items()}  # fmt: skip
+    claims = {
+        "position_bias": {
+            "paper": "p",
+            "visual_tokens": 8208,
+            "base_rate": 0.3,
+            "reproduced": False,
+            "attention": {"share": 0.3, "ci95": [0.27, 0.33]},
+            "holistic": {"share": 0.2, "ci95": [0.17, 0.23]},
+        },  # fmt: skip
+        "mat_order": {"paper": "p", "by_n": {}},
+        "mat_order_clips": {
+            **sel,
+            "visual_tokens": 8192,
+            "clips": 8,
+            "answers": 32,
+            "holistic_ge_attention_ge_uniform": True,
+            "holistic_above_uniform_intervals_apart": True,
+            "full_over_uniform": 1.25,
+            "holistic_over_oracle": 0.95,
+        },  # fmt: skip
+        "pruning_pays": {"by_n": {}},
+        "parallel": {"by_n": {}},
+    }
+    text = "\n".join(claims_markdown(claims))
+    assert "MAT order over 32 answers" in text and "uniform 1.60 (1.50-1.70)" in text
+    assert "The order holds; holistic and uniform intervals apart" in text
