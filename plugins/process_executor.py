@@ -72,7 +72,13 @@ class _Pickler(ForkingPickler):
     small CPU tensors by value (`INLINE_BYTES`)."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.nbytes <= INLINE_BYTES:
+        if (
+            type(obj) is torch.Tensor
+            and obj.device.type == "cpu"
+            and obj.layout == torch.strided
+            and not obj.is_quantized
+            and obj.nbytes <= INLINE_BYTES
+        ):
             flat = obj.detach().contiguous().reshape(-1).view(torch.uint8)
             return _inline_tensor, (flat.numpy().tobytes(), obj.dtype, tuple(obj.shape))
         return NotImplemented
