@@ -57,7 +57,6 @@ from hippo.executor import BatchDraft, DraftFailure
 from hippo.interfaces import Job, RoundInfo, catch_up, prefilling
 from hippo.packed import MAX_ROWS, PackedLinears
 from hippo.proposal import DraftProposal
-from hippo.registry import lookup
 from hippo.session import KVSession, PackedSessions
 from hippo.stacked import BatchedCache, SessionRow
 
@@ -99,13 +98,14 @@ def _packed(kind: Any, model: torch.nn.Module) -> tuple[PackedLinears | None, in
 def chain_rewrite(drafter: Any) -> Callable[[DraftProposal, int], DraftProposal] | None:
     """How `drafter` drafts in a batch, or None when it cannot: each row's chain is drawn token by
     token from q, as the registered `chain` drafter draws it, then passed through the returned
-    function with q's vocabulary size. The `chain` drafter itself changes nothing; another drafter
-    takes part by defining `rewrite_chain(proposal, vocab) -> DraftProposal` (or None: no batched form).
+    function with q's vocabulary size. A drafter with `plain_chains` (the `chain` drafter) changes
+    nothing; another takes part by defining `rewrite_chain(proposal, vocab) -> DraftProposal` (or
+    None: no batched form).
     """
     rewrite = getattr(drafter, "rewrite_chain", None)
     if rewrite is not None:
         return rewrite
-    if type(drafter) is lookup("drafters", "chain"):
+    if getattr(drafter, "plain_chains", False):
         return _unchanged
     return None
 

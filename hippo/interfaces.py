@@ -252,6 +252,16 @@ class Selector(Component):
 class Drafter(Component):
     """Proposes γ tokens continuing `prefix` with the draft model."""
 
+    #: True for a drafter whose proposal is a chain drawn token by token from q (x_i ~ q_i, each fed
+    #: back), as the built-in `chain` drafter's: the batch engine then draws a batch's chains itself,
+    #: every row in one forward per token. A subclass with a `propose` of its own does not inherit it.
+    plain_chains: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "propose" in cls.__dict__ and "plain_chains" not in cls.__dict__:
+            cls.plain_chains = False
+
     @abstractmethod
     def propose(
         self,

@@ -12,6 +12,8 @@ from hippo.proposal import DraftProposal
 class ChainDrafter(Drafter):
     """x_i ~ q_i for i = 1..γ, feeding each token back; q is returned only when sampling."""
 
+    plain_chains = True  # the batch engine draws these chains itself (`Drafter.plain_chains`)
+
     def propose(
         self, session, prefix, gamma, policy, should_stop=None
     ) -> DraftProposal:  # as Drafter.propose

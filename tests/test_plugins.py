@@ -390,3 +390,26 @@ def test_a_policy_only_schedule_has_no_deprecation_and_batches() -> None:
                 return 2
 
     assert Fixed.batches
+
+
+def test_a_drafter_with_its_own_propose_does_not_inherit_plain_chains():
+    """The batch engine draws a batch's chains itself only for a drafter that promises plain chains
+    (`Drafter.plain_chains`, the `chain` drafter's): a subclass that drafts its own way (its own
+    `propose`) has no batched form unless it says so, one that keeps the chain's `propose` keeps it."""
+    from hippo.engine import chain_rewrite
+    from hippo.plugins.drafters import ChainDrafter
+
+    class Renamed(ChainDrafter):
+        pass
+
+    class OwnWay(ChainDrafter):
+        def propose(self, session, prefix, gamma, policy, should_stop=None):
+            return super().propose(session, prefix, gamma, policy, should_stop)
+
+    class OwnWayPlain(OwnWay):
+        plain_chains = True
+
+    assert ChainDrafter.plain_chains and Renamed.plain_chains and OwnWayPlain.plain_chains
+    assert not OwnWay.plain_chains and not hippo.Drafter.plain_chains
+    assert chain_rewrite(ChainDrafter()) is not None and chain_rewrite(Renamed()) is not None
+    assert chain_rewrite(OwnWay()) is None
