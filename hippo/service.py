@@ -111,6 +111,7 @@ class Ticket:
         self.logprobs: list[Any] = []  # the job's token_logprobs of `tokens`, when asked for
         self._sent = 0  # tokens (and their log-probs) already delivered
         self.text = ""
+        self._text = _Detokenizer(tokenizer)
         self.stopped = False  # a stop string was reached: the loop cancels the row
         self.ended = False
         self._prompt = True
@@ -130,9 +131,10 @@ class Ticket:
         self.tokens += new
         if self.job is not None and self.request.logprobs is not None:
             self.logprobs += self.job.token_logprobs[len(self.logprobs) : len(self.tokens)]
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # half a character: wait for the rest
+        delta = self._text.step(self.tokens)
+        if delta is None:  # half a character: wait for the rest
             return
+        text = self.text + delta  # a copy, not a decode: O(L) bytes, no tokenizer call
         cut = _first_stop(text, self.request.stop, len(self.text))
         if cut is not None:
             text, self.stopped = text[:cut], True
@@ -154,6 +156,47 @@ class Ticket:
         if not self.ended:
             self.ended = True
             self.notify(("error", error))
+
+
+class _Detokenizer:
+    """The text a growing answer adds, decoding only its tail, as vLLM's incremental detokenizer does.
+
+    Decoding the whole answer at every round costs O(L) a round, O(L²) an answer. Here each step
+    decodes the tokens since the last text delivered plus a few tokens before them (`CONTEXT`, not
+    counting special tokens, which decode to nothing) and returns what the new tokens add to the
+    text of the context alone. The context carries what the text at a boundary depends on: the
+    space a word-level or SentencePiece decoder puts (or strips) before a word, the clean-up of
+    spaces before punctuation, and the bytes of a character that byte-level BPE splits over
+    tokens. The deltas are the ones a full decode per step gives (`tests/test_detokenizer.py`
+    checks them on word-level, byte-level BPE and SentencePiece-style tokenizers).
+    """
+
+    CONTEXT = 4
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.special = frozenset(getattr(tokenizer, "all_special_ids", ()))
+        self.start = 0  # the window's first token: CONTEXT non-special tokens before `read`
+        self.read = 0  # tokens whose text is delivered
+
+    def step(self, ids: Sequence[int]) -> str | None:
+        """What `ids` (the whole answer so far) adds to the text delivered; None while the text
+        ends in half a character (the next tokens complete it)."""
+        decode = self.tokenizer.decode
+        text = decode(ids[self.start :], skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return None
+        known = decode(ids[self.start : self.read], skip_special_tokens=True)
+        self.read, self.start = len(ids), self._window(ids, len(ids))
+        return text[len(known) :]
+
+    def _window(self, ids: Sequence[int], end: int) -> int:
+        """The start of a window whose context before `end` holds CONTEXT non-special tokens."""
+        need, i = self.CONTEXT, end
+        while i > 0 and need:
+            i -= 1
+            need -= ids[i] not in self.special
+        return i
 
 
 def _first_stop(text: str, stops: Sequence[str], start: int) -> int | None:
