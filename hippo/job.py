@@ -7,7 +7,9 @@ extended by the question's tokens). The job never asks which one it has.
 
 from __future__ import annotations
 
+import functools
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
@@ -62,6 +64,23 @@ class PromptSource(Protocol):
     draft_encoded: Callable[[], Encoded] | None
 
     def draft_prefix(self) -> Any: ...  # what a draft process needs to rebuild `draft_encoded` (or None)
+
+
+@contextmanager
+def stage(progress: Callable[[str, str], None] | None, name: str) -> Iterator[None]:
+    """Report a long step to `progress(name, "start" | "end")`, if given."""
+    if progress is None:
+        yield
+        return
+    progress(name, "start")
+    yield
+    progress(name, "end")
+
+
+def _weakly(method: Callable[[], Any]) -> Callable[[], Any]:
+    """`method` without a strong reference to its object (which must outlive the calls)."""
+    ref = weakref.WeakMethod(method)
+    return lambda: ref()()
 
 
 class FreshPrompt:
@@ -140,7 +159,9 @@ class DecodeJob:
         self.streamer = streamer
         self.progress = progress
         self.source = (
-            source if source is not None else FreshPrompt(pipeline.target_adapter, inputs, self.stage)
+            source
+            if source is not None
+            else FreshPrompt(pipeline.target_adapter, inputs, functools.partial(stage, progress))
         )
         self.tokens: list[int] = []
         self.stats = Stats()
@@ -207,15 +228,9 @@ class DecodeJob:
         return len(out)
 
     # ---- prefill --------------------------------------------------------------------------
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, name: str) -> Any:
         """Report a long step ("vision encoding", "target prefill", "draft prefill") to `progress`."""
-        if self.progress is None:
-            yield
-            return
-        self.progress(name, "start")
-        yield
-        self.progress(name, "end")
+        return stage(self.progress, name)
 
     def target_encoded(self) -> Encoded:
         if self._target_encoded is None:
@@ -275,7 +290,9 @@ class DecodeJob:
         on another thread). Self-speculation (q is p) reuses p's encoding."""
         p = self.pipeline
         same = p.draft_adapter.model is p.target_adapter.model
-        encode = self.target_encoded if same else self.source.draft_encoded
+        # not the bound method itself: the side would hold the job that holds the side (a cycle that
+        # keeps both models' caches alive until Python's cyclic collector runs)
+        encode = _weakly(self.target_encoded) if same else self.source.draft_encoded
         policy = self.policy.fork() if own_policy else self.policy
         side = DraftSide(
             p.draft_adapter, p.drafter, self.inputs, policy, encode, p.sessions["draft"], self.max_new_tokens

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from os import PathLike
@@ -17,7 +17,7 @@ from hippo.conversation import Conversation, Question, as_ids, text_question_ids
 from hippo.engine import Engine, can_batch, row_sessions
 from hippo.errors import ConfigError, InputError
 from hippo.interfaces import Adapter, Drafter, Scheduler, Scorer, Selector, SessionKind, Verifier
-from hippo.job import DecodeJob, Parts
+from hippo.job import DecodeJob, Parts, stage
 from hippo.padded import split_rows
 from hippo.records import Record, Result, map_records
 from hippo.registry import lookup, plugin_manager
@@ -474,15 +474,7 @@ class Pipeline:
         return Conversation(self, ctx)
 
     def _stage(self, progress: Callable[..., None] | None) -> Callable[[str], Any]:
-        @contextlib.contextmanager
-        def stage(name: str):
-            if progress is not None:
-                progress(name, "start")
-            yield
-            if progress is not None:
-                progress(name, "end")
-
-        return stage
+        return functools.partial(stage, progress)
 
     def _checkpoint_tokenizer(self) -> Any:
         from transformers import AutoTokenizer

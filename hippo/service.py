@@ -151,11 +151,13 @@ class Ticket:
         if not self.ended:
             self.ended = True
             self.notify(("end", info))
+        self.job = None  # the job streams to this ticket: drop the cycle, and with it the job's caches
 
     def fail(self, error: BaseException) -> None:
         if not self.ended:
             self.ended = True
             self.notify(("error", error))
+        self.job = None
 
 
 class _Detokenizer:

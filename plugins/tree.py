@@ -159,20 +159,29 @@ class _TreeBuilder:
         for p in shape:
             kids[p[:-1]] = max(kids.get(p[:-1], 0), p[-1] + 1)
 
-        def expand(node: int, path: tuple[int, ...]) -> None:  # depth-first: one draft token per sync
-            made = []
-            for rank in range(kids.get(path, 0)):
-                child = self.add_child(node)
-                if child is None:
-                    break
-                made.append((child, (*path, rank)))
-            for child, cpath in made:
-                if should_stop is not None and should_stop():
-                    return
-                if cpath in kids:
-                    expand(child, cpath)
+        self._expand(-1, (), kids, should_stop)
 
-        expand(-1, ())
+    def _expand(
+        self,
+        node: int,
+        path: tuple[int, ...],
+        kids: dict[tuple[int, ...], int],
+        should_stop: Callable[[], bool] | None,
+    ) -> None:
+        """`static`'s depth-first walk (one draft token per sync). A method, not a nested function:
+        a closure that calls itself is a reference cycle, which would keep the tree and its session
+        alive until Python's cyclic collector runs."""
+        made = []
+        for rank in range(kids.get(path, 0)):
+            child = self.add_child(node)
+            if child is None:
+                break
+            made.append((child, (*path, rank)))
+        for child, cpath in made:
+            if should_stop is not None and should_stop():
+                return
+            if cpath in kids:
+                self._expand(child, cpath, kids, should_stop)
 
     def dynamic(self, budget: int, top_k: int, depth: int, should_stop: Callable[[], bool] | None) -> None:
         """Best-first: the next node is the candidate child with the highest cumulative probability
