@@ -48,7 +48,9 @@ def setup(tiny):
     target, draft = tiny(ADAPTER), tiny(ADAPTER, "draft", seed=1)
     unit, words = pixel_unit(target), text_ids(target)
     prompts = [
-        Prompt(ADAPTER, target, (1 + s % 2, 2 * unit, 2 * unit), s, words[10 + s : 13 + s], words[20:22]).inputs
+        Prompt(
+            ADAPTER, target, (1 + s % 2, 2 * unit, 2 * unit), s, words[10 + s : 13 + s], words[20:22]
+        ).inputs
         for s in range(3)
     ]
     return target, draft, prompts, words
@@ -73,9 +75,12 @@ def runs(pipe, prompts, words, batch: bool):
     def context():
         ctx = pipe.prepare(prompts[1])
         pipe.ask(ctx, words[5:8], max_new_tokens=6)
+        conversation = pipe.conversation(ctx)
+        for question in (words[5:8], words[8:10]):
+            conversation.ask(question, max_new_tokens=4)
         ctx.close()
 
-    yield "prepared video", context
+    yield "prepared video, a question and a conversation", context
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -103,21 +108,31 @@ def test_a_finished_job_leaves_no_cycle_with_a_draft_process(setup):
 
 def test_a_served_request_leaves_no_cycle(tmp_path):
     """`hippo serve`'s loop: a ticket streams from its job; once answered, neither holds the other."""
+    from tiny_checkpoint import save_checkpoint, tiny_tokenizer, write_video
+
     import hippo
     from hippo.service import Request, Service
-    from tiny_checkpoint import save_checkpoint, tiny_tokenizer, write_video
 
     target = save_checkpoint(tmp_path / "target", dtype=torch.float64)
     draft = save_checkpoint(tmp_path / "draft", role="draft", seed=1, dtype=torch.float64)
     videos = [write_video(tmp_path / f"v{i}.mp4", n=8, fps=8) for i in range(2)]
-    pipe = hippo.PipelineBuilder().target(str(target), dtype=torch.float64).draft(str(draft), dtype=torch.float64)
+    pipe = (
+        hippo.PipelineBuilder()
+        .target(str(target), dtype=torch.float64)
+        .draft(str(draft), dtype=torch.float64)
+    )
     service = Service(pipe.scheduler("serial", gamma=3).build(), tiny_tokenizer())
     done: queue.SimpleQueue = queue.SimpleQueue()
     service.on_round = lambda s: None if s.live else done.put(s.rounds)
 
     def ask(video) -> None:
         ticket = service.submit(
-            Request(str(video), [("what happens ?", None)], {"frames": 2, "max_pixels": 3136}, {"max_new_tokens": 6})
+            Request(
+                str(video),
+                [("what happens ?", None)],
+                {"frames": 2, "max_pixels": 3136},
+                {"max_new_tokens": 6},
+            )
         )
         while (event := ticket.events.get(timeout=60))[0] not in ("end", "error"):
             pass

@@ -28,8 +28,11 @@ SPECIALS = ["<|endoftext|>", "<|im_end|>", "<|video_pad|>"]
 
 def _wrap(core: Tokenizer, **kw) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token=SPECIALS[0], eos_token=SPECIALS[1],
-        additional_special_tokens=SPECIALS[2:], **kw,
+        tokenizer_object=core,
+        bos_token=SPECIALS[0],
+        eos_token=SPECIALS[1],
+        additional_special_tokens=SPECIALS[2:],
+        **kw,
     )
 
 
@@ -121,7 +124,10 @@ def answers(draw, kind):
     chunks = [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)])]
     text = tok.decode(ids, skip_special_tokens=True)
     stops = draw(
-        st.lists(st.one_of(st.text(min_size=1, max_size=3), st.just(text[len(text) // 2 : len(text) // 2 + 2])), max_size=2)
+        st.lists(
+            st.one_of(st.text(min_size=1, max_size=3), st.just(text[len(text) // 2 : len(text) // 2 + 2])),
+            max_size=2,
+        )
     )
     return chunks, [s for s in stops if s]
 
@@ -147,7 +153,11 @@ def test_each_step_decodes_the_tail_only(kind):
     """A 3,000-token answer, one token a step: every decode reads at most the new tokens and CONTEXT
     before them (plus special tokens among them), not the answer."""
     tok = tokenizer(kind)
-    words = [i for i in tok(" ".join(CORPUS), add_special_tokens=False)["input_ids"] if i not in tok.all_special_ids]
+    words = [
+        i
+        for i in tok(" ".join(CORPUS), add_special_tokens=False)["input_ids"]
+        if i not in tok.all_special_ids
+    ]
     if kind == "word-level":  # its own words (the corpus is mostly unknown to it)
         words = tok(" ".join(tok.get_vocab())[:2000], add_special_tokens=False)["input_ids"]
         words = [i for i in words if i not in tok.all_special_ids]
