@@ -169,8 +169,10 @@ class _Detokenizer:
     text of the context alone. The context carries what the text at a boundary depends on: the
     space a word-level or SentencePiece decoder puts (or strips) before a word, the clean-up of
     spaces before punctuation, and the bytes of a character that byte-level BPE splits over
-    tokens. The deltas are the ones a full decode per step gives (`tests/test_detokenizer.py`
-    checks them on word-level, byte-level BPE and SentencePiece-style tokenizers).
+    tokens. The deltas are the ones a full decode per step gives, wherever that decode does not
+    rewrite text already sent (WordPiece's clean-up can: no stream takes text back);
+    `tests/test_detokenizer.py` checks them on word-level, byte-level BPE, SentencePiece-style and
+    WordPiece tokenizers.
     """
 
     CONTEXT = 4
@@ -189,12 +191,12 @@ class _Detokenizer:
         if text.endswith("\ufffd"):
             return None
         known = decode(ids[self.start : self.read], skip_special_tokens=True)
-        self.read, self.start = len(ids), self._window(ids, len(ids))
+        self.read, self.start = len(ids), self._window(ids)
         return text[len(known) :]
 
-    def _window(self, ids: Sequence[int], end: int) -> int:
-        """The start of a window whose context before `end` holds CONTEXT non-special tokens."""
-        need, i = self.CONTEXT, end
+    def _window(self, ids: Sequence[int]) -> int:
+        """The start of the next window: CONTEXT non-special tokens before the end of `ids`."""
+        need, i = self.CONTEXT, len(ids)
         while i > 0 and need:
             i -= 1
             need -= ids[i] not in self.special
