@@ -632,7 +632,7 @@ def _ray_group(parser: Any, title: str, unit: str, where: str) -> Any:
 
 
 def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
-    from hippo.service import PREFILL_ROWS
+    from hippo.service import PREFILL_ROWS, PREFILL_SECONDS
 
     s = sub.add_parser(
         "serve",
@@ -675,6 +675,16 @@ def _serve_parser(sub: Any, debug: argparse.ArgumentParser) -> None:
         help="while requests are decoding, a new video's prefill runs in pieces of this many tokens, "
         "one between two decoding rounds, so the live requests wait for a piece, not the whole video; "
         "0: in one piece (default: %(default)s)",
+    )
+    o.add_argument(
+        "--prefill-seconds",
+        type=float,
+        default=PREFILL_SECONDS,
+        metavar="S",
+        help="while requests are decoding, a new video's preparation takes its steps (its encoding, "
+        "prefill pieces) between two rounds until S seconds of them have run, at least one step: a "
+        "short video is ready in fewer rounds, and the live requests wait at most S plus one step; "
+        "0: one step a round (default: %(default)s)",
     )
     o.add_argument(
         "--media-dir", required=True, metavar="DIR", help="the only directory videos are read from"

@@ -669,6 +669,10 @@ def check_serve_options(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"--prefill-chunk must be >= 0 tokens (0: a prefill in one piece), got {args.prefill_chunk}"
         )
+    if not 0 <= args.prefill_seconds < math.inf:
+        raise ConfigError(
+            f"--prefill-seconds must be >= 0 seconds (0: one step a round), got {args.prefill_seconds}"
+        )
 
 
 def access_options(args: argparse.Namespace) -> tuple[str | None, list[str] | None]:
@@ -713,6 +717,7 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, Any, str]:
             max_queue=args.max_queue,
             cache_bytes=int(args.cache_gb * (1 << 30)),
             prefill_rows=args.prefill_chunk or None,
+            prefill_seconds=args.prefill_seconds,
         )
         app = create_app(service, name, args.media_dir, args.drain, defaults, video, *access_options(args))
         return app, pipe, name

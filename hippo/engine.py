@@ -220,7 +220,9 @@ class _DraftClock:
 class Engine:
     """The one decode loop of a pipeline's rows (see the module doc).
 
-    `add(job)` prefills a job and lets it join the live rows; `step()` runs one round for all of
+    `add(job)` prefills a job and lets it join the live rows (`admit(job)`, p's prefill and the
+    first token, then `join(job)`, q's prefill and the join, for a caller that admits several
+    jobs before they join); `step()` runs one round for all of
     them and returns the jobs that finished in it; `cancel(job)` removes a live row. `run(jobs)`
     adds them all and steps until none is live. `sampled_gamma`: the fixed γ of sampled rows
     (default: the schedule's γ where it is fixed, else `hippo.cost.GAMMA_START`). `scheduler`: the
@@ -273,6 +275,8 @@ class Engine:
         self.expected_rows = 1
         self._plan_record: dict = {}  # the schedule's record of its choice, put on every row
         self.seconds_prefill = 0.0  # seconds `add` spent prefilling (the live rows waited meanwhile)
+        #: jobs `admit`ted, not yet `join`ed: p's prefilled session and q's early draft of each
+        self._admitted: dict[Job, tuple[Any, DraftProposal | None]] = {}
 
     # ---- rows joining and leaving -------------------------------------------------------------------
     @property
@@ -281,10 +285,17 @@ class Engine:
 
     def add(self, job: Job) -> bool:
         """Prefill `job` as `generate` does and emit its first token; it joins the live rows (True),
-        or is finished at once when that token ended it (False)."""
+        or is finished at once when that token ended it (False). `admit` then `join`."""
+        return self.admit(job) and self.join(job)
+
+    def admit(self, job: Job) -> bool:
+        """The first half of `add`: p's prefill and the job's first token (False: that token ended it,
+        and the job is finished). The row joins the live rows with `join` (q's prefill), which must
+        come before the next `step`: a server admits the requests that arrive together, so that
+        each one's first token waits for the others' p prefills only, then joins them all."""
         t0 = time.perf_counter()
         try:
-            if not self.rows:  # a new batch: the schedule says how it drafts
+            if not self.rows and not self._admitted:  # a new batch: the schedule says how it drafts
                 self._start(job)
             for key, value in self._plan_record.items():  # its choice, on every row
                 job.stats.plan.setdefault(key, value)
@@ -302,10 +313,27 @@ class Engine:
             job.first_token(target)
             if job.done:
                 if self.own_sessions:  # as a round never taken: nothing to book
-                    self.gamma = self.plan = None
+                    self._unplan()
                 else:
                     self._finish(_Row(job, None))
                 return False
+            if self.drafting and self.worker is None:
+                # the scorer reads what it observed of p's prefill now: the next job's replaces it
+                job.prune()
+        except BaseException:
+            self._failed(job)
+            raise
+        finally:
+            self.seconds_prefill += time.perf_counter() - t0
+        self._admitted[job] = (target, buffer)
+        return True
+
+    def join(self, job: Job) -> bool:
+        """The second half of `add`: q's prefill (where this engine drafts itself), and the admitted
+        `job` joins the live rows. Returns True."""
+        target, buffer = self._admitted.pop(job)
+        t0 = time.perf_counter()
+        try:
             draft, policy = None, job.policy
             if self.overlap and job.policy.do_sample:  # q draws on its own thread: its own generator
                 policy = job.policy.fork()
@@ -318,10 +346,7 @@ class Engine:
                     except DraftFailure as exc:
                         self._draft_failed(exc)
         except BaseException:
-            if not self.own_sessions:
-                job.finish()
-            if not self.rows:
-                self.gamma = self.plan = None
+            self._failed(job)
             raise
         finally:
             self.seconds_prefill += time.perf_counter() - t0
@@ -331,6 +356,17 @@ class Engine:
             # first guess, the rest is q's draft after it, verified in the first round
             self.rows[-1].ahead = _after(buffer, buffer.tokens.tolist(), job.tokens[0])
         return True
+
+    def _failed(self, job: Job) -> None:
+        """`job` failed in `admit` or `join`: it is finished (unless its caller finishes it), and a
+        batch that never held a row forgets its plan."""
+        if not self.own_sessions:
+            job.finish()
+        self._unplan()
+
+    def _unplan(self) -> None:
+        if not self.rows and not self._admitted:
+            self.gamma = self.plan = None
 
     def _start(self, job: Job) -> None:
         self._close_remote()  # (a batch that never held a row)
@@ -451,6 +487,8 @@ class Engine:
         """One round for every live row; returns the jobs that finished in it. A row whose own work
         fails (its logits processors, its sampler, its verifier) leaves at once with the exception
         on `job.error`, and the other rows go on; an error in a batched forward propagates."""
+        for job in list(self._admitted):  # admitted since the last round and not joined yet
+            self.join(job)
         if not self.rows:
             return []
         target, draft, rows = self.target, self.draft, self.rows
@@ -626,7 +664,10 @@ class Engine:
 
     def close(self) -> None:
         """Stop the draft thread of the parallel schedules' batches (if one was started); the
-        engine makes a new one if it is used again."""
+        engine makes a new one if it is used again. A job admitted and never joined is finished."""
+        for job in list(self._admitted):
+            del self._admitted[job]
+            self._failed(job)
         if self._beside is not None:
             self._beside.close()
             self._beside = None

@@ -350,6 +350,7 @@ class Job(Protocol):
     @property
     def length(self) -> int: ...  # T: prompt + emitted tokens
     def prefill_draft(self) -> ModelSession: ...
+    def prune(self) -> torch.Tensor: ...  # [K] the kept visual indices, scored once per job
     # returns how many were kept (EOS, token budget); `logits` [m, V]: p's raw logits token i was
     # chosen from, at row rows[i] (None: row i), read only when log-probabilities were asked for
     def emit(

@@ -6,12 +6,16 @@ One thread (the loop) owns the models: it admits queued requests while the batch
 (`hippo.engine.Engine`) one round at a time, and delivers every row's new tokens to its `Ticket`.
 A new video's preparation (read, encoded and prefilled once: the long prefill) is interleaved with
 the rounds: the file is read and laid out on a media thread while the rounds go on (no model runs
-there), then, while rows are live, the preparation advances by one step between two rounds (the
-encoding, or one piece of at most `prefill_rows` prompt rows of the target's prefill,
-`Pipeline.prepare_steps`), so the live rows wait for one piece, not for the whole prefill; with no
-live row, nobody waits, and it runs to the end at once, its prefill in one piece (as do the others
-of a burst of new videos that came together: the first one's rows wait for them once, after their
-first token). At most `prepares_per_round` videos are in preparation while rows are live (default
+there), then, while rows are live, the preparation advances by steps between two rounds (the
+encoding, pieces of at most `prefill_rows` prompt rows of the target's prefill,
+`Pipeline.prepare_steps`) until `prefill_seconds` of them have run (at least one step), so the live
+rows wait for that and one piece at most, not for the whole prefill; with no live row, nobody
+waits, and it runs to the end at once, its prefill in one piece (as do the others of a burst of new
+videos that came together: the first one's rows wait for them once, after their first token).
+A request starts in two halves (`Engine.admit`: the target's prefill of its question and its first
+token; `Engine.join`: the draft's prefill, and the row joins the batch): the requests started in one
+pass between two rounds are all admitted before any joins, so no first token waits for another
+request's draft. At most `prepares_per_round` videos are in preparation while rows are live (default
 1); requests about a prepared video (a question's few tokens) are admitted as the batch has room,
 and those about a video in preparation start when it is ready. `prefills_per_round` caps all
 admissions per round while rows are live (default: none).
@@ -59,6 +63,10 @@ VIDEO_OPTIONS = ("frames", "fps", "max_pixels")
 
 #: prompt rows per piece of a new video's prefill while rows are live (`Service(prefill_rows=)`)
 PREFILL_ROWS = 256
+
+#: while rows are live, a new video's preparation takes steps between two rounds until this many
+#: seconds of them have run (at least one step; `Service(prefill_seconds=)`; 0: one step a round)
+PREFILL_SECONDS = 0.1
 
 #: `Service.stall_seconds` keeps this many of the latest waits (a server runs for days)
 STALLS_KEPT = 10_000
@@ -338,17 +346,21 @@ class Service:
         prefills_per_round: int | None = None,  # while rows are live (None: as many as fit)
         prepares_per_round: int | None = 1,  # new videos in preparation while rows are live (None: all)
         prefill_rows: int | None = PREFILL_ROWS,  # rows per prefill piece while rows are live (None: whole)
+        prefill_seconds: float = PREFILL_SECONDS,  # a preparation's steps between two rounds, in seconds
         on_round: Callable[[Service], None] | None = None,  # told after each round (metrics)
     ):
         if max_batch < 1 or max_queue < 0:
             raise InputError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} and {max_queue}")
         if prefill_rows is not None and (type(prefill_rows) is not int or prefill_rows < 1):
             raise InputError(f"prefill_rows must be a positive int or None, got {prefill_rows!r}")
+        if not 0 <= prefill_seconds < math.inf:
+            raise InputError(f"prefill_seconds must be a number of seconds >= 0, got {prefill_seconds!r}")
         self.pipeline, self.tokenizer = pipeline, tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
         self.prefills_per_round = prefills_per_round
         self.prepares_per_round = prepares_per_round
         self.prefill_rows = prefill_rows
+        self.prefill_seconds = prefill_seconds
         self.preparing: dict[tuple, _Preparation] = {}  # videos being prepared, by context key
         self.reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hippo-media")
         self.contexts = ContextCache(pipeline, tokenizer, cache_bytes)
@@ -356,6 +368,9 @@ class Service:
         self.on_round = on_round
         self.pending: collections.deque[Ticket] = collections.deque()
         self.live: dict[int, Ticket] = {}  # id(job) -> ticket
+        #: first token sent, joining the batch at the end of this pass: (ticket, seconds of its
+        #: admission, whether rows waited for it)
+        self.admitted: list[tuple[Ticket, float, bool]] = []
         self.cv = threading.Condition()
         self.accepting = True
         self._drain_until: float | None = None
@@ -423,6 +438,7 @@ class Service:
             for ticket in admit:
                 self._admit(ticket)
             self._prepare()
+            self._join()
             self._cancel_marked()
             if self._drain_until is not None and time.perf_counter() > self._drain_until:
                 for ticket in list(self.live.values()):
@@ -478,12 +494,13 @@ class Service:
         self._start(ticket, None)
 
     def _prepare(self) -> None:
-        """One step of each video's preparation while rows are live at the start of this pass, all of
-        it while none is; a prepared video's waiting requests start at once. So videos that arrive
+        """Steps of each video's preparation while rows wait at the start of this pass (up to
+        `prefill_seconds`, at least one), all of it while none does; a prepared video's waiting
+        requests are admitted at once (their first tokens) and join at the end of the pass. So videos that arrive
         together at an idle server are all prepared in one pass: the rows of the first ones wait for
         the later ones once, after their first token, and the later ones' first tokens do not wait
         for rounds of the first ones between their pieces."""
-        stepwise = bool(self.live)
+        stepwise = self._rows_wait
         for key, prep in list(self.preparing.items()):
             for ticket in [t for t in prep.tickets if t.cancelled.is_set()]:
                 prep.tickets.remove(ticket)
@@ -492,15 +509,20 @@ class Service:
                 self._drop(key)
                 continue
             if prep.steps is None and not prep.reading.done():
-                if not self.live:  # nothing else to run: wait a little, then look at the queue again
+                if not self._rows_wait:  # nothing else to run: wait a little, then look at the queue again
                     concurrent.futures.wait([prep.reading], timeout=0.05)
                 continue
-            t0, waiting = time.perf_counter(), bool(self.live)
+            t0, waiting = time.perf_counter(), self._rows_wait
             try:
                 if prep.steps is None:  # with no live row it runs whole: its prefill in one piece
                     rows = self.prefill_rows if stepwise else None
                     prep.steps = self.contexts.prepare(prep.reading.result(), key, rows)
-                ctx = next(prep.steps) if stepwise else collections.deque(prep.steps, maxlen=1)[0]
+                if stepwise:  # steps until the budget is spent (at least one)
+                    ctx = next(prep.steps)
+                    while ctx is None and time.perf_counter() - t0 < self.prefill_seconds:
+                        ctx = next(prep.steps)
+                else:
+                    ctx = collections.deque(prep.steps, maxlen=1)[0]
             except Exception as exc:
                 del self.preparing[key]
                 error = exc if isinstance(exc, HippoError) else None
@@ -530,11 +552,13 @@ class Service:
             self._drop(key)
 
     def _start(self, ticket: Ticket, ctx: Any) -> None:
-        """The ticket's row joins the engine, on `ctx` (None: the cached context of its key)."""
+        """Admit the ticket's request on `ctx` (None: the cached context of its key): its first token;
+        its row joins the batch at the end of the pass (`_join`)."""
         if ticket.cancelled.is_set():
             ticket.fail(InputError("cancelled before it started"))
             return
-        req, t0, waiting = ticket.request, time.perf_counter(), bool(self.live)
+        req, t0, waiting = ticket.request, time.perf_counter(), self._rows_wait
+        admitted = False
         try:
             if ticket.key_error is not None:
                 raise ticket.key_error
@@ -549,21 +573,47 @@ class Service:
             job.max_new_tokens = min(job.max_new_tokens, self.pipeline.target_adapter.context_length() - L)
             job.logprobs, ticket.job = req.logprobs, job
             ticket.notify(("started", {"prompt_tokens": L}))
-            self.engine.expected_rows = len(self.live) + 1 + len(self.pending)
-            joined = self.engine.add(ticket.job)
-        except HippoError as exc:
-            ticket.fail(exc)
-            return
-        except Exception as exc:  # a bug or a backbone error: this request fails, the server lives
-            ticket.fail(InputError(f"the request failed while preparing it: {one_line(exc)}"))
+            self.engine.expected_rows = len(self.live) + len(self.admitted) + 1 + len(self.pending)
+            admitted = self.engine.admit(ticket.job)
+        except Exception as exc:
+            self._failed(ticket, exc)
             return
         finally:
-            if waiting:
+            if waiting and not admitted:
                 self.stall_seconds.append(time.perf_counter() - t0)
-        if joined:
-            self.live[id(ticket.job)] = ticket
+        if admitted:  # its first token is out; it joins at the end of this pass (`_join`)
+            self.admitted.append((ticket, time.perf_counter() - t0, waiting))
         else:
             self._end(ticket)
+
+    @property
+    def _rows_wait(self) -> bool:
+        """Rows wait for the work done now: live ones, or ones whose first token is out (admitted)."""
+        return bool(self.live or self.admitted)
+
+    def _join(self) -> None:
+        """The rows admitted in this pass join the batch (the draft's prefill of each): after all their
+        first tokens, so that no first token waits for another request's draft. A row's admission and
+        join are one step of `stall_seconds`."""
+        admitted, self.admitted = self.admitted, []
+        for ticket, seconds, waiting in admitted:
+            t0, waiting = time.perf_counter(), waiting or bool(self.live)
+            try:
+                self.engine.join(ticket.job)
+            except Exception as exc:
+                self._failed(ticket, exc)
+                continue
+            finally:
+                if waiting:
+                    self.stall_seconds.append(seconds + time.perf_counter() - t0)
+            self.live[id(ticket.job)] = ticket
+
+    @staticmethod
+    def _failed(ticket: Ticket, exc: Exception) -> None:
+        if isinstance(exc, HippoError):
+            ticket.fail(exc)
+        else:  # a bug or a backbone error: this request fails, the server lives
+            ticket.fail(InputError(f"the request failed while preparing it: {one_line(exc)}"))
 
     def _cancel_marked(self) -> None:
         for ticket in list(self.live.values()):

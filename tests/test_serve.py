@@ -645,6 +645,24 @@ def test_ray_serve_usage_errors(files, extra, message, monkeypatch, capsys):
         assert "pip install 'hippo[serve-ray]'" in err
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--prefill-seconds", "-1"), "--prefill-seconds must be >= 0 seconds"),
+        (("--prefill-seconds", "inf"), "--prefill-seconds must be >= 0 seconds"),
+        (("--prefill-chunk", "-1"), "--prefill-chunk must be >= 0 tokens"),
+    ],
+)
+def test_serve_prefill_options_are_checked(files, extra, message, capsys):
+    """A bad prefill option is named before a model loads; exit 2."""
+    from hippo.cli.main import main
+
+    argv = ["serve", "--target", str(files["target"]), "--media-dir", str(files["media"]), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hippo: error: ") and message in err, err
+
+
 def _answer(ticket) -> tuple[str, object]:
     while True:
         kind, *rest = ticket.events.get(timeout=120)
@@ -698,11 +716,14 @@ def test_new_videos_are_prepared_one_per_round_while_rows_are_live(files):
     assert max(steps) == 1 and sum(steps) == 3, seen  # the three new videos, one per round
 
 
-def test_a_new_videos_prefill_runs_in_pieces_between_rounds(files):
+@pytest.mark.parametrize("budget", [0.0, 60.0])
+def test_a_new_videos_prefill_runs_in_pieces_between_rounds(files, budget):
     """In process: while a row decodes, a new video is read on the media thread (the row goes on),
-    then encoded and prefilled one step per round (the encoding, then one prefill piece of
-    `prefill_rows` rows), so the live row waits for one step at a time; the new request starts once
-    its video is prepared, and both answers equal those of a service that prefills in one piece."""
+    then encoded and prefilled in steps (the encoding, then prefill pieces of `prefill_rows` rows)
+    between rounds: one step a round with no time budget (`prefill_seconds=0`), so the live row
+    waits for one step at a time; all of them between two rounds where the budget is longer than
+    the whole preparation (one wait). The new request starts once its video is prepared, and both
+    answers equal those of a service that prefills in one piece."""
     from tiny_checkpoint import tiny_tokenizer
 
     from hippo.service import Request, Service
@@ -722,6 +743,7 @@ def test_a_new_videos_prefill_runs_in_pieces_between_rounds(files):
             pipe.build(),
             tiny_tokenizer(),
             prefill_rows=rows,
+            prefill_seconds=budget,
             on_round=lambda s, seen=seen: seen.append((len(s.preparing), len(s.stall_seconds))),
         )
         try:
@@ -734,7 +756,7 @@ def test_a_new_videos_prefill_runs_in_pieces_between_rounds(files):
         finally:
             service.close(0)
         during = [n for busy, n in seen if busy]  # waits so far, after each round while it was prepared
-        steps = 1 + -(-prefix // rows) if rows else 1  # encoded, then each piece (or all in one)
+        steps = 1 + -(-prefix // rows) if rows and not budget else 1  # encoded, then each piece (or all)
         assert waits == steps + 1, (waits, seen)  # and the new request's own question
         assert all(b - a <= 1 for a, b in zip(during, during[1:])), seen  # one step per round
         assert len(during) >= steps - 1, seen  # a round between two steps
@@ -879,6 +901,75 @@ def test_new_videos_that_come_together_to_an_idle_service_are_prepared_before_it
     assert seen[0] == 2, seen
     assert pieces == [None, None]  # nobody was waiting: one forward each, as generate prefills
     assert waits == 2  # the first row waited for the second video's preparation, and its question
+
+
+def test_first_tokens_of_requests_that_come_together_wait_for_no_draft_prefill(files):
+    """In process: four requests (two questions about each of two new videos, holistic pruning, so
+    the attention scorer reads each request's own target prefill) reach an idle service together.
+    Every first token is sent before any draft is prefilled: a request's first token waits for the
+    targets' prefills before it, never for another request's draft. Each answer equals the one a
+    service gives the request alone."""
+    from tiny_checkpoint import tiny_tokenizer
+
+    from hippo.job import DecodeJob
+    from hippo.service import Request, Service
+
+    def build():
+        return (
+            hippo.PipelineBuilder()
+            .target(str(files["target"]), dtype=torch.float64)
+            .draft(str(files["draft"]), dtype=torch.float64)
+            .scorer("holistic")
+            .selector("topk", keep_ratio=0.3)
+            .scheduler("serial", gamma=3)
+            .build()
+        )
+
+    requests = [
+        Request(str(files[v]), [(q, None)], {"frames": 4, "max_pixels": MAX_PIXELS}, {"max_new_tokens": 6})
+        for v in ("short", "long")
+        for q in ("what happens ?", "describe it .")
+    ]
+    order = []  # ("first", request) when a first token is sent, ("draft", None) at each draft prefill
+    prefill_draft = DecodeJob.prefill_draft
+
+    def watched(job):
+        order.append(("draft", None))
+        return prefill_draft(job)
+
+    tickets, sent = [], set()
+
+    def notifier(i):
+        def notify(event):
+            if event[0] == "delta" and i not in sent:
+                sent.add(i)
+                order.append(("first", i))
+            tickets[i].events.put(event)
+
+        return notify
+
+    service = Service(build(), tiny_tokenizer())
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(DecodeJob, "prefill_draft", watched)
+            with service.cv:  # all queued before the loop looks
+                tickets += [service.submit(r, notifier(i)) for i, r in enumerate(requests)]
+            together = [_answer(t) for t in tickets]
+    finally:
+        service.close(0)
+    firsts = [i for i, (what, _) in enumerate(order) if what == "first"]
+    drafts = [i for i, (what, _) in enumerate(order) if what == "draft"]
+    assert len(firsts) == 4 and len(drafts) == 4, order
+    assert max(firsts) < min(drafts), order
+    alone = []
+    for r in requests:
+        service = Service(build(), tiny_tokenizer())
+        try:
+            alone.append(_answer(service.submit(r)))
+        finally:
+            service.close(0)
+    assert [k for k, _ in together] == ["end"] * 4
+    assert [a["token_ids"] for _, a in together] == [a["token_ids"] for _, a in alone]
 
 
 def test_max_tokens_is_clamped_to_the_context_and_video_options_are_bounded_before_decoding(

@@ -58,7 +58,9 @@ def run_arrivals(
     seeds: Sequence[int | None] | None = None,
 ) -> tuple[list[Any], dict[str, int]]:
     """Decode `rows` on one engine with these arrivals and cancellations; returns (the jobs, counts
-    of rows that joined while others were live and of rows cancelled, and rounds)."""
+    of rows that joined while others were live and of rows cancelled, and rounds). The rows that
+    arrive at one round are all admitted (`Engine.admit`: their first tokens) before any joins
+    (`Engine.join`), as `hippo serve` starts them."""
     engine = pipe.engine()
     seeds = seeds or [None] * len(rows)
     jobs = [pipe.job(x, seed=s, **g) for (x, g), s in zip(rows, seeds)]
@@ -66,11 +68,15 @@ def run_arrivals(
     seen = {"joined_live": 0, "cancelled": 0, "rounds": 0}
     t = 0
     while len(added) < len(jobs) or engine.live:
-        for i, job in enumerate(jobs):
-            if i not in added and arrive[i] <= t:
-                seen["joined_live"] += bool(engine.live)
-                engine.add(job)
-                added[i] = t
+        arriving = [i for i in range(len(jobs)) if i not in added and arrive[i] <= t]
+        admitted = []
+        for i in arriving:  # as `hippo serve` starts them: every first token, then every join
+            seen["joined_live"] += bool(engine.live)
+            if engine.admit(jobs[i]):
+                admitted.append(jobs[i])
+            added[i] = t
+        for job in admitted:
+            engine.join(job)
         for i, job in enumerate(jobs):
             if i in added and cancel[i] is not None and t == added[i] + cancel[i] and engine.cancel(job):
                 seen["cancelled"] += 1

@@ -586,6 +586,11 @@ def test_rows_joining_and_leaving_mid_flight_equal_their_own_generate(adapter, c
             scheduler=scheduler,
             gamma=data.draw(hs.gammas, label="γ"),
             keep_ratio=data.draw(st.just(1.0) | hs.keep_ratios, label="keep ratio"),
+            # holistic top-k reads each row's own target prefill (rows arriving together are all
+            # admitted before they join)
+            **data.draw(
+                st.sampled_from([{}, {"scorer": "holistic", "selector": "topk"}]), label="scorer and selector"
+            ),
             drafter="chain" if wrong is None else corrupting_drafter,
             drafter_options=None if wrong is None else {"wrong": wrong},
         )
