@@ -36,6 +36,9 @@ from hippo.cli.pair.tokens import set_generation_defaults  # noqa: E402
 SIZES = [(168, 64, 4), (168, 128, 2), (168, 96, 3), (168, 192, 1), (168, 64, 4), (168, 256, 1)]
 #: `--small`: half the visual tokens per step (1,152-2,304), for more steps on a busy machine
 SMALL_SIZES = [(168, 64, 2), (168, 96, 1), (168, 64, 2), (168, 128, 1)]
+#: `--long`: clips up to the bench's 8k (2,304-8,064 visual tokens a step), so that the pointer from
+#: answer word i to needle i holds at the lengths it is asked at
+LONG_SIZES = [(168, 128, 2), (168, 448, 1), (168, 256, 1), (168, 192, 1), (168, 384, 1), (168, 320, 1)]
 #: (layer, query head) whose attention the guided loss trains: the niah pair's own
 ATTEND_AT = {"target": (2, 0), "draft": (1, 0)}
 
@@ -45,7 +48,7 @@ def config(
     steps: int,
     lr: float,
     seed: int = 0,
-    small: bool = False,
+    small: bool | str = False,
     weights: tuple[float, ...] | None = None,
     aux_object_weight: float = 4.0,
     vision_lr_scale: float = 0.3,
@@ -53,24 +56,30 @@ def config(
     vision_lr: float = 3e-3,
     aux_label_weights: dict | None = None,
     aux_needle_weight: float = 0.0,
+    prune_frac: float = 0.0,
 ) -> TrainConfig:
     """`vision_steps` > 0: a first phase ("vision") in which the vision encoder (and its merger) alone
-    learns the per-token labels at `vision_lr`, before the lists phase."""
+    learns the per-token labels at `vision_lr`, before the lists phase. `small`: `SMALL_SIZES`, or
+    "long": `LONG_SIZES` (default: `SIZES`). `prune_frac`: the share of the lists phase's steps on
+    pruned visual inputs that keep the needles' tokens (5-20% of the tokens kept, "salient"), for a
+    draft that will see a selection of the video."""
+    sizes = LONG_SIZES if small == "long" else SMALL_SIZES if small else SIZES
     phase = Phase(
         "lists",
         steps,
-        SMALL_SIZES if small else SIZES,
+        sizes,
         lr=lr,
         vision_lr_scale=vision_lr_scale,
         task="lists",
         attend_weight=0.5,
         time_stretch=(1, 2, 4),
         question_weights=weights,
+        prune_frac=prune_frac,
     )
     vision = Phase(
         "vision",
         vision_steps,
-        SMALL_SIZES if small else SIZES,
+        sizes,
         lr=vision_lr,
         vision_only=True,
         task="lists",
@@ -86,6 +95,8 @@ def config(
         aux_object_weight=aux_object_weight,
         aux_label_weights=dict(aux_label_weights or {}),
         aux_needle_weight=aux_needle_weight,
+        prune_strategies=("salient",),
+        keep_range=(0.05, 0.2),
     )
 
 
@@ -106,7 +117,9 @@ def main(argv=None) -> None:
     )
     p.add_argument("--resume", action="store_true", help="start from <out>/<role> and its auxiliary heads")
     p.add_argument("--save-every", type=int, default=25)
-    p.add_argument("--small", action="store_true", help="`SMALL_SIZES`: shorter clips, smaller batches")
+    sizes = p.add_mutually_exclusive_group()
+    sizes.add_argument("--small", action="store_true", help="`SMALL_SIZES`: shorter clips, smaller batches")
+    sizes.add_argument("--long", action="store_true", help="`LONG_SIZES`: clips up to 8k visual tokens")
     p.add_argument(
         "--weights",
         type=float,
@@ -159,8 +172,17 @@ def main(argv=None) -> None:
         help="grow the vision encoder to this many blocks, the new ones identities at the start "
         "(`train.deepen_vision`; default: as loaded)",
     )
+    p.add_argument(
+        "--prune-frac",
+        type=float,
+        default=0.0,
+        help="share of the steps on pruned visual inputs that keep the needles' tokens (5-20%% of the "
+        "tokens; for the draft; default: %(default)s, none)",
+    )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    if not 0 <= args.prune_frac <= 1:
+        p.error(f"--prune-frac must be in [0, 1], got {args.prune_frac}")
     if min(args.vision_steps, args.steps, args.aux_needle_weight) < 0:
         p.error("--vision-steps, --steps and --aux-needle-weight must be 0 or more")
     label_weights = {}
@@ -196,7 +218,7 @@ def main(argv=None) -> None:
         args.steps,
         args.lr,
         args.seed,
-        args.small,
+        "long" if args.long else args.small,
         weights,
         args.aux_object_weight,
         args.vision_lr_scale,
@@ -204,6 +226,7 @@ def main(argv=None) -> None:
         args.vision_lr,
         label_weights,
         args.aux_needle_weight,
+        args.prune_frac,
     )
     print(f"[{args.role}] from {init}; {cfg}", flush=True)
 

@@ -1,7 +1,7 @@
 """`hippo bench --long`: long videos, where HIPPO's pruning and parallel drafting are meant to pay.
 
 The committed long-video pair (`benchmarks/pair_lists/`, trained by `python -m hippo.benchmarks.lists_train`)
-answers four questions about needle-in-a-haystack clips (`hippo.cli.pair.lists`): 6-8 brief needles
+answers four questions about needle-in-a-haystack clips (`hippo.cli.pair.lists`): 6 brief needles
 in a drifting haystack with circling distractors, one attribute of each (colour, shape, row,
 direction) listed in temporal order, one word per needle and a full stop. Both models are widened
 function-preservingly at load time (`hippo.cli.pair.widen`), the key/value heads not copied, so that

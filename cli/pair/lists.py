@@ -1,9 +1,11 @@
 """Needle lists: long clips whose answers are read token by token from a few brief events.
 
 The needle-in-a-haystack clips of `hippo.cli.pair.niah` (a drifting textured background, grey
-distractors circling the whole clip, K = 6-8 coloured needles on screen for one second each, at
-depths spread over the clip), asked for one attribute of every needle, in temporal order, with no
-template: each answer is K words and a full stop.
+distractors circling the whole clip, K = 6 coloured needles on screen for one second each, needle
+i at depth i / 5 of the clip, jittered within its slot), asked for one attribute of every needle, in
+temporal order, with no template: each answer is 6 words and a full stop. The count is fixed so that
+answer word i looks up the needle in time slot i: with 6-8 needles a clip's count had to be read
+too, and the small target lost its place in the list (it answered 6 words for 7 or 8 needles).
 
     what happens ?           -> red blue blue yellow green red .         (colours)
     what objects ?           -> circle square circle triangle ...        (shapes)
@@ -11,7 +13,7 @@ template: each answer is K words and a full stop.
     where does the object go ? -> left up down right ...                   (direction)
 
 Every word but the full stop names what one needle shows, so a model that does not see the video
-guesses it (1 in 3 or 4); the full stop's place depends on the count. The needles are drawn large
+guesses it (1 in 3 or 4). The needles are drawn large
 (never the niah task's small ones) and move slowly, so that a tiny vision encoder sees each one's
 colour and shape. `QUESTIONS` are the four questions `hippo bench --long` asks of one prepared video.
 Everything is a pure function of (seed, config, question), like the other tasks.
@@ -42,7 +44,7 @@ WEIGHTS = {
     "where does the object go ?": 0.15,
 }
 #: the needles' look: large and slow (radius in px, speed in px per frame), never small
-LOOK = {"small": 0.0, "radius": (11.0, 14.0), "speed": (2.0, 3.0), "needles": (6, 8)}
+LOOK = {"small": 0.0, "radius": (11.0, 14.0), "speed": (2.0, 3.0), "needles": (6, 6)}
 
 
 def lists_config(cfg: NiahConfig | None = None) -> NiahConfig:
