@@ -17,7 +17,9 @@ token; `Engine.join`: the draft's prefill, and the row joins the batch): the req
 pass between two rounds are all admitted before any joins, so no first token waits for another
 request's draft. At most `prepares_per_round` videos are in preparation while rows are live (default
 1); requests about a prepared video (a question's few tokens) are admitted as the batch has room,
-and those about a video in preparation start when it is ready. `prefills_per_round` caps all
+and those about a video in preparation start when it is ready. A queued request's new video is
+read on the media thread as soon as it comes (`READ_AHEAD` at a time), while the loop is busy and
+while the request waits for its turn, so its preparation starts on a file already read. `prefills_per_round` caps all
 admissions per round while rows are live (default: none).
 `stall_seconds` records each step the live rows waited for (the last `STALLS_KEPT`).
 Other threads only submit, cancel and read tickets.
@@ -67,6 +69,15 @@ PREFILL_ROWS = 256
 #: while rows are live, a new video's preparation takes steps between two rounds until this many
 #: seconds of them have run (at least one step; `Service(prefill_seconds=)`; 0: one step a round)
 PREFILL_SECONDS = 0.1
+
+#: new videos whose files are read ahead on the media thread while `prepares_per_round` keeps their
+#: requests queued (their preparation's model steps wait; the reading does not need the models)
+READ_AHEAD = 1
+
+#: seconds the first rows of videos that came together to an idle service wait for the next one's
+#: file to be read, when it was not read while the first ones were prepared (then its preparation
+#: takes its steps between rounds)
+BURST_READ_WAIT = 1.0
 
 #: `Service.stall_seconds` keeps this many of the latest waits (a server runs for days)
 STALLS_KEPT = 10_000
@@ -237,6 +248,7 @@ class ContextCache:
         #: content hashes by (path, size, mtime): a file is hashed once, not on every request
         self.digests: collections.OrderedDict[tuple, str] = collections.OrderedDict()
         self.hashed = 0  # files read to hash them
+        self.lock = threading.Lock()  # the loop and the media thread (`Service._read_ahead`) read keys
 
     def key(self, path: str, options: dict[str, Any], system: str | None = None) -> tuple:
         """The context's key: the file's content hash, the video options and the system turn (which
@@ -252,13 +264,17 @@ class ContextCache:
                 f"cannot read the video {path!r} ({getattr(exc, 'strerror', None) or exc})"
             ) from None
         stamp = (path, st.st_size, st.st_mtime_ns)
-        found = self.digests.get(stamp)
+        with self.lock:
+            found = self.digests.get(stamp)
         if found is None:
-            found = self.digests[stamp] = _digest(path)
-            self.hashed += 1
-            while len(self.digests) > DIGESTS_KEPT:
-                self.digests.popitem(last=False)
-        self.digests.move_to_end(stamp)
+            found = _digest(path)
+            with self.lock:
+                self.digests[stamp] = found
+                self.hashed += 1
+                while len(self.digests) > DIGESTS_KEPT:
+                    self.digests.popitem(last=False)
+        with self.lock:
+            self.digests.move_to_end(stamp)
         return found
 
     def read(self, path: str, options: dict[str, Any], system: str | None = None) -> dict[str, Any]:
@@ -362,6 +378,7 @@ class Service:
         self.prefill_rows = prefill_rows
         self.prefill_seconds = prefill_seconds
         self.preparing: dict[tuple, _Preparation] = {}  # videos being prepared, by context key
+        self.read_ahead: dict[tuple, concurrent.futures.Future] = {}  # queued new videos' readings
         self.reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hippo-media")
         self.contexts = ContextCache(pipeline, tokenizer, cache_bytes)
         self.engine = pipeline.engine()
@@ -392,6 +409,10 @@ class Service:
                 raise Overloaded(f"{len(self.pending)} requests are queued (--max-queue); retry shortly")
             self.pending.append(ticket)
             self.cv.notify()
+        try:
+            self.reader.submit(self._read_ahead)  # its file may be read while the loop is busy
+        except RuntimeError:  # the service closed meanwhile: the loop fails the ticket
+            pass
         return ticket
 
     def cancel(self, ticket: Ticket) -> None:
@@ -437,6 +458,7 @@ class Service:
                 admit = self._choose()
             for ticket in admit:
                 self._admit(ticket)
+            self._read_ahead()
             self._prepare()
             self._join()
             self._cancel_marked()
@@ -484,14 +506,42 @@ class Service:
     def _admit(self, ticket: Ticket) -> None:
         """Start the ticket's row on its video's context, or have it wait for the context's preparation."""
         if ticket.key_error is None and not self.contexts.holds(ticket.key):
-            prep = self.preparing.get(ticket.key)
-            if prep is None:
-                req = ticket.request
-                reading = self.reader.submit(self.contexts.read, req.video, req.video_options, req.system)
-                prep = self.preparing[ticket.key] = _Preparation(reading)
+            with self.cv:  # `_read_ahead` (on the media thread too) looks at both
+                prep = self.preparing.get(ticket.key)
+                if prep is None:
+                    reading = self.read_ahead.pop(ticket.key, None) or self._read(ticket)
+                    prep = self.preparing[ticket.key] = _Preparation(reading)
             prep.tickets.append(ticket)
             return
         self._start(ticket, None)
+
+    def _read_ahead(self) -> None:
+        """Start reading the first queued new video's file on the media thread (`READ_AHEAD` at a
+        time), while its request waits for room or for the preparations before it."""
+        with self.cv:
+            if len(self.read_ahead) >= READ_AHEAD:
+                return
+            waiting = list(self.pending)
+        self._read_keys(waiting)
+        with self.cv:  # `_admit` starts preparations under it
+            for ticket in waiting:
+                key = ticket.key
+                if len(self.read_ahead) >= READ_AHEAD:
+                    return
+                if key is None or key in self.preparing or key in self.read_ahead or self.contexts.holds(key):
+                    continue
+                self.read_ahead[key] = self._read(ticket)
+
+    def _read(self, ticket: Ticket) -> concurrent.futures.Future:
+        """The ticket's video file read on the media thread (`ContextCache.read`)."""
+        req = ticket.request
+        reading = self.reader.submit(self.contexts.read, req.video, req.video_options, req.system)
+        reading.add_done_callback(self._wake)  # an idle loop waits for it (`_prepare`)
+        return reading
+
+    def _wake(self, _: Any = None) -> None:
+        with self.cv:
+            self.cv.notify()
 
     def _prepare(self) -> None:
         """Steps of each video's preparation while rows wait at the start of this pass (up to
@@ -501,6 +551,16 @@ class Service:
         the later ones once, after their first token, and the later ones' first tokens do not wait
         for rounds of the first ones between their pieces."""
         stepwise = self._rows_wait
+        if not stepwise and self.preparing:  # nothing else to run: wait for a reading or a new request
+            with self.cv:
+                queued = len(self.pending)
+                self.cv.wait_for(
+                    lambda: (
+                        len(self.pending) > queued
+                        or any(p.steps is not None or p.reading.done() for p in self.preparing.values())
+                    ),
+                    timeout=0.05,
+                )
         for key, prep in list(self.preparing.items()):
             for ticket in [t for t in prep.tickets if t.cancelled.is_set()]:
                 prep.tickets.remove(ticket)
@@ -509,9 +569,12 @@ class Service:
                 self._drop(key)
                 continue
             if prep.steps is None and not prep.reading.done():
-                if not self._rows_wait:  # nothing else to run: wait a little, then look at the queue again
-                    concurrent.futures.wait([prep.reading], timeout=0.05)
-                continue
+                if stepwise or not self._rows_wait:  # (nothing run in this pass yet: the queue first)
+                    continue
+                # read while another video of the burst was prepared: its first rows wait for it once
+                concurrent.futures.wait([prep.reading], timeout=BURST_READ_WAIT)
+                if not prep.reading.done():
+                    continue
             t0, waiting = time.perf_counter(), self._rows_wait
             try:
                 if prep.steps is None:  # with no live row it runs whole: its prefill in one piece
@@ -546,6 +609,9 @@ class Service:
             prep.steps.close()
 
     def _abandon_preparations(self) -> None:
+        for reading in self.read_ahead.values():
+            reading.cancel()
+        self.read_ahead.clear()
         for key in list(self.preparing):
             for ticket in self.preparing[key].tickets:
                 ticket.fail(InputError("the server shut down before this request was started"))

@@ -858,14 +858,27 @@ def test_requests_that_come_while_the_loop_reads_the_queue_each_get_their_own_vi
     assert service.contexts.misses == 3  # each video prepared once, none shared
 
 
-def test_new_videos_that_come_together_to_an_idle_service_are_prepared_before_its_first_round(files):
+@pytest.mark.parametrize("slow_read", [False, True])
+def test_new_videos_that_come_together_to_an_idle_service_are_prepared_before_its_first_round(
+    files, slow_read, monkeypatch
+):
     """In process: two requests about two new videos reach an idle service together. Both videos are
     prepared, whole, before the first round (the second's pieces do not wait for rounds of the
     first's row), each prefilled in one piece, and the first's row waits for that once, after its
-    first token."""
+    first token; also when the second file is still being read once the first video is prepared."""
     from tiny_checkpoint import tiny_tokenizer
 
-    from hippo.service import Request, Service
+    from hippo.service import ContextCache, Request, Service
+
+    if slow_read:
+        read = ContextCache.read
+
+        def slowly(self, path, *args, **kwargs):
+            if Path(path) == files["long"]:
+                time.sleep(0.3)
+            return read(self, path, *args, **kwargs)
+
+        monkeypatch.setattr(ContextCache, "read", slowly)
 
     pipe = (
         hippo.PipelineBuilder().target(str(files["target"]), dtype=torch.float64).scheduler("autoregressive")
@@ -901,6 +914,68 @@ def test_new_videos_that_come_together_to_an_idle_service_are_prepared_before_it
     assert seen[0] == 2, seen
     assert pieces == [None, None]  # nobody was waiting: one forward each, as generate prefills
     assert waits == 2  # the first row waited for the second video's preparation, and its question
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_a_queued_new_videos_file_is_read_while_another_video_is_prepared(files, monkeypatch, live):
+    """In process: two requests about two new videos come one after the other, while a row decodes
+    (the service prepares one new video at a time, `prepares_per_round=1`, in steps between rounds)
+    or to an idle service (the first video is prepared whole). The second video's file is read on
+    the media thread while the first video is still being prepared, not after (its request waits for
+    its turn, its reading does not). Both answers equal those of a service that serves each alone."""
+    from tiny_checkpoint import tiny_tokenizer
+
+    from hippo.service import ContextCache, Request, Service
+
+    pipe = (
+        hippo.PipelineBuilder().target(str(files["target"]), dtype=torch.float64).scheduler("autoregressive")
+    )
+    events = []  # ("read", video) when a file's reading starts, ("ready", n) when a context is, n-th
+    read, prepare = ContextCache.read, ContextCache.prepare
+
+    def reading(self, path, *args, **kwargs):
+        events.append(("read", Path(path).name))
+        return read(self, path, *args, **kwargs)
+
+    def preparing(self, *args, **kwargs):
+        for ctx in prepare(self, *args, **kwargs):
+            time.sleep(0.05)  # each step: slow enough for the second request to come meanwhile
+            if ctx is not None:
+                events.append(("ready", len(self.entries)))
+            yield ctx
+
+    monkeypatch.setattr(ContextCache, "read", reading)
+    monkeypatch.setattr(ContextCache, "prepare", preparing)
+    options = {"frames": 4, "max_pixels": MAX_PIXELS}
+    first = Request(
+        str(files["short"]), [("what happens ?", None)], options, {"max_new_tokens": 60, "min_new_tokens": 60}
+    )
+    news = [write_video(files["media"] / f"ahead{i}.mp4", n=10 + 2 * i, fps=8) for i in range(2)]
+    requests = [Request(str(v), [("describe it .", None)], options, {"max_new_tokens": 5}) for v in news]
+
+    def serve(requests, live):
+        service = Service(pipe.build(), tiny_tokenizer(), prefill_rows=5, prepares_per_round=1)
+        try:
+            row = service.submit(live) if live else None
+            if row is not None:
+                assert row.events.get(timeout=60)[0] == "started"
+            tickets = []
+            for r in requests:
+                tickets.append(service.submit(r))
+                time.sleep(0.02)
+            answers = [_answer(t) for t in tickets]
+            if row is not None:
+                assert _answer(row)[0] == "end"
+        finally:
+            service.close(0)
+        assert [k for k, _ in answers] == ["end"] * len(requests)
+        return [a["token_ids"] for _, a in answers]
+
+    together = serve(requests, first if live else None)
+    order = [e for e in events if e != ("read", "short.mp4")]
+    first_ready = ("ready", 2 if live else 1)  # the first new video's context (after short's)
+    assert order.index(("read", news[1].name)) < order.index(first_ready), order
+    assert together == [serve([r], None)[0] for r in requests]
 
 
 def test_first_tokens_of_requests_that_come_together_wait_for_no_draft_prefill(files):
