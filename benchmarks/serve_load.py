@@ -7,8 +7,8 @@ same requests one by one and `hippo batch` (`Pipeline.map`) answering them offli
 The narration pair as `hippo demo` loads it (target widened), the default pipeline (`auto`, holistic
 top-10%), on held-out clips written to video files. The server is the real app (`hippo.cli.serve`:
 FastAPI + uvicorn, the engine's loop thread) on 127.0.0.1; the clients are threads in this process
-that stream their answers, each taking the next request of a fixed list, so every K answers the
-same requests. Every method's answers are checked against HF `generate`'s, token for token.
+that stream their answers, each on one kept HTTP connection (an `httpx.Client`, as the `openai`
+client keeps one) and taking the next request of a fixed list, so every K answers the same requests. Every method's answers are checked against HF `generate`'s, token for token.
 
 Figures: tokens/s of the whole list at each K; TTFT and latency p50/p99; the live batch size over
 time (sampled every 50 ms; a plot with --out); a second question on a prepared video (TTFT against
@@ -107,10 +107,10 @@ class LiveServer:
         self.thread.join()
 
 
-def stream_one(url: str, request: dict, max_tokens: int) -> dict:
-    """One streamed request: its token ids, TTFT and latency (seconds, client side)."""
-    import httpx
-
+def stream_one(url: str, request: dict, max_tokens: int, http: Any) -> dict:
+    """One streamed request on `http` (an `httpx.Client`, kept for many requests as the `openai`
+    client keeps one: a new one costs a TLS context, ~16 ms of CPU, even for http://): its token ids,
+    TTFT and latency (seconds, client side)."""
     body = {
         "model": "narrate",
         "messages": [{"role": "user", "content": [
@@ -119,7 +119,7 @@ def stream_one(url: str, request: dict, max_tokens: int) -> dict:
         "max_tokens": max_tokens, "temperature": 0, "stream": True,
     }  # fmt: skip
     t0, ttft, last = time.perf_counter(), None, None
-    with httpx.stream("POST", url, json=body, timeout=600) as r:
+    with http.stream("POST", url, json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -133,6 +133,8 @@ def stream_one(url: str, request: dict, max_tokens: int) -> dict:
 
 def load(server: LiveServer, requests: list[dict], clients: int, max_tokens: int) -> dict:
     """All `requests` through `clients` concurrent streaming clients; the batch size sampled meanwhile."""
+    import httpx
+
     todo, lock, results = list(enumerate(requests)), threading.Lock(), {}
     sizes: list[tuple[float, int]] = []
     stop = threading.Event()
@@ -144,12 +146,13 @@ def load(server: LiveServer, requests: list[dict], clients: int, max_tokens: int
             time.sleep(0.05)
 
     def client() -> None:
-        while True:
-            with lock:
-                if not todo:
-                    return
-                i, req = todo.pop(0)
-            results[i] = stream_one(server.url, req, max_tokens)
+        with httpx.Client(timeout=600) as http:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    i, req = todo.pop(0)
+                results[i] = stream_one(server.url, req, max_tokens, http)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -242,6 +245,8 @@ def run(
             row = load(server, requests, k, max_tokens)
             row["stalls"] = list(server.service.stall_seconds)  # prefills the live rows waited for
             if k == 1:
+                import httpx
+
                 # one client, like with like: each request through the server on a cold video cache
                 # against the in-process generate_from_video (which reads the video too), the order of
                 # the two alternated (the second of a pair runs on caches the first warmed)
@@ -251,17 +256,20 @@ def run(
                     return time.perf_counter() - t0
 
                 ratios = []
-                for i, r in enumerate(requests):
+                with httpx.Client(timeout=600) as http:
+                    for i, r in enumerate(requests):
+                        server.service.contexts.clear()
+                        before = alone(r) if i % 2 else None
+                        served = stream_one(server.url, r, max_tokens, http)["latency"]
+                        ratios.append(served / (before if before is not None else alone(r)))
+                    row["latency_over_generate"] = statistics.median(ratios)
+                    # a second question on a prepared video: TTFT against the first's
                     server.service.contexts.clear()
-                    before = alone(r) if i % 2 else None
-                    served = stream_one(server.url, r, max_tokens)["latency"]
-                    ratios.append(served / (before if before is not None else alone(r)))
-                row["latency_over_generate"] = statistics.median(ratios)
-                # a second question on a prepared video: TTFT against the first's
-                server.service.contexts.clear()
-                first = stream_one(server.url, requests[0], max_tokens)["ttft"]
-                second = stream_one(server.url, requests[0] | {"question": QUESTIONS[1]}, max_tokens)["ttft"]
-                row["second_question_ttft_ratio"] = second / first
+                    first = stream_one(server.url, requests[0], max_tokens, http)["ttft"]
+                    again = requests[0] | {"question": QUESTIONS[1]}
+                    row["second_question_ttft_ratio"] = (
+                        stream_one(server.url, again, max_tokens, http)["ttft"] / first
+                    )
         finally:
             server.close()
             server.service.close(0)
