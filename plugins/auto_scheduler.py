@@ -11,7 +11,9 @@ transformers, and each model's config and tensor shapes (`model_digest`); a chan
 another key, and a file that cannot be read is measured again and rewritten.
 
 Each job then gets the schedule of the most predicted tokens/s (`predict`):
-- autoregressive, 1 / t_decode, chosen only when even a draft that is always right (α = 1) would lose;
+- autoregressive, 1 / t_decode, chosen only when even a draft that is always right (α = 1) would lose
+  (where the keep ratio is planned, below: over the expected answer, the draft's prefill included,
+  so a short answer on a long video goes to the target alone);
 - serial: q and p take turns; pearl and hippo: q drafts while p verifies, which they can only do
   where the auto executor gives the draft its own thread or process (else they are not offered).
   Decoding, they are predicted alike. They differ in the prefill: hippo prunes early and prefills
@@ -21,7 +23,8 @@ Each job then gets the schedule of the most predicted tokens/s (`predict`):
   TTFT 0.41 s against pearl's 0.27 s). So a tie goes to hippo where q and p are on different devices,
   and to pearl where they share one;
 at the α seen in this pipeline's earlier jobs (1/2 before the first). Where even the best drafting
-schedule is predicted slower than the target alone at that α, the next job runs the target alone,
+schedule is predicted slower than the target alone at that α (over the expected answer, its prefill
+included, where the keep ratio is planned), the next job runs the target alone,
 without the draft's prefill, and a later one probes the draft again: after 1 such job, then 2, 4, ...
 up to `JOB_BACKOFF_MAX` while the probes still lose (no regret on a draft that cannot help; `why`
 says so). A probe, or a schedule predicted to pay, decodes with γ re-chosen each round, so a draft
@@ -61,6 +64,7 @@ import math
 import os
 import platform
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +112,25 @@ LIVE_POINTS = 16
 #: doubling after each probe that still loses, up to this many
 JOB_BACKOFF_MAX = 16
 ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def _answer_seconds(keep: dict[str, Any] | None, own: bool) -> Callable[[dict, str], float]:
+    """How a schedule is timed against the others from its predicted tokens/s (`rates`): per token
+    where the expected answer is not known (no keep-ratio record), else the expected answer's
+    seconds, the draft's prefill included where it does not run on a device of its own beside the
+    target's (hippo's synchronous prefill)."""
+
+    def per_token(rate: float) -> float:
+        return 1.0 / rate if rate > 0 else math.inf
+
+    if keep is None:
+        return lambda rates, name: per_token(rates[name])
+
+    def seconds(rates: dict, name: str) -> float:
+        hidden = name == "autoregressive" or (name == "hippo" and own)
+        return (0.0 if hidden else keep["t_prefill"]) + keep["answer_tokens"] * per_token(rates[name])
+
+    return seconds
 
 
 def default_cache_dir() -> Path:
@@ -393,11 +416,14 @@ class AutoScheduler(Scheduler):
         best_case = predict(costs, 1.0, overlap, g, t_draft)
         order = DRAFTING if own_device(job) else ("serial", "pearl", "hippo")
         offered = [n for n in order if now[n] is not None]
-        if max(best_case[n] for n in offered) < now["autoregressive"]:
+        seconds = _answer_seconds(keep, own_device(job))
+        if min(seconds(best_case, n) for n in offered) > seconds(now, "autoregressive"):
             name, why = (
                 "autoregressive",
                 "even a draft that is always right would be slower than the target alone",
             )
+            if keep is not None:
+                why += f" over the expected answer ({keep['answer_tokens']} tokens), its prefill included"
         else:
             name = max(offered, key=lambda n: now[n])  # the first of `order` on a tie
             why = f"the most predicted tokens/s of the drafting schedules at α = {alpha:.2f}"
@@ -405,7 +431,7 @@ class AutoScheduler(Scheduler):
                 why += "; hippo, not pearl: the draft has its own device, so its early prefill is free"
             elif name == "pearl":
                 why += "; pearl, not hippo: the draft shares the target's device, so an early draft prefill would slow the target's"
-            if now[name] < now["autoregressive"]:
+            if seconds(now, name) > seconds(now, "autoregressive"):
                 why += "; slower than the target alone there, so γ = 0 decodes with it, probing the draft"
         record = {
             "schedule": name,
@@ -416,6 +442,8 @@ class AutoScheduler(Scheduler):
             "tokens_per_second_if_always_right": best_case,
             "costs": {"t_decode": costs.verify[min(costs.verify)], **attrs.asdict(costs)},
         }
+        if keep is not None:  # the expected answer's seconds, the draft's prefill included
+            record["answer_seconds"] = {n: seconds(now, n) for n in now if now[n] is not None}
         if batch:
             record["batch"] = batch
         if keep is not None:
@@ -505,8 +533,13 @@ class AutoScheduler(Scheduler):
         on earlier jobs, run the target alone (its γ = 0 fallback would pay the draft's prefill and
         probes first), except for a probe job after `skip` such jobs (the module doc); a schedule
         predicted to pay resets the wait."""
-        rates = record["tokens_per_second"]
-        if name == "autoregressive" or rates[name] >= rates["autoregressive"]:
+        rates, answer = record["tokens_per_second"], record.get("answer_seconds")
+        pays = (
+            rates[name] >= rates["autoregressive"]
+            if answer is None
+            else answer[name] <= answer["autoregressive"]
+        )
+        if name == "autoregressive" or pays:
             self.skip, self.job_backoff, self.probe_due = 0, 1, False
             return name
         if not self.drafted_jobs or record.get("keep", {}).get("fresh"):

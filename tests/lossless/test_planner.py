@@ -814,13 +814,14 @@ def test_auto_prunes_where_the_drafts_prefill_pays_for_it_over_the_expected_answ
     """A flat step but a prefill that grows with the tokens kept (long videos, where the draft's prefill
     is what pruning saves): the first job keeps the selector's own ratio over the whole video, later
     ones smaller ratios; each option is timed as its prefill plus the expected answer (the last one's
-    length) at its predicted tokens/s."""
+    length) at its predicted tokens/s. (The target drafts for itself: a draft that pays.)"""
     target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
-    p = hm.Prompt.default(ADAPTER, target)
+    p = _long_prompt(target)
     flat = ((0, 1e-4), (1000, 1e-4))
-    pipe = _planning(target, draft, tmp_path, flat, draft_prefills=((0, 0.0), (100, 0.05)))
+    pipe = _planning(target, target, tmp_path, flat, draft_prefills=((0, 0.0), (100, 0.005)))
     ratios = []
     for i, (out, keep) in enumerate(_planned(pipe, p, {"do_sample": False, "max_new_tokens": 6}, 3)):
+        assert out.stats.plan["schedule"] == "serial"
         ratios.append(keep["ratio"])
         assert keep["answer_tokens"] == (6 if i == 0 else out.stats.new_tokens)
         for o in keep["options"].values():
@@ -831,6 +832,44 @@ def test_auto_prunes_where_the_drafts_prefill_pays_for_it_over_the_expected_answ
     assert ratios[0] == 0.5 and min(ratios[1:]) < 0.5, ratios
     with pytest.raises(ConfigError, match="draft_prefills"):
         _planning(target, draft, tmp_path, flat, draft_prefills=((1, -1.0),))
+
+
+def _long_prompt(target) -> hm.Prompt:
+    """Eight frames of 6 x 6 patches: 144 visual tokens, where pruning changes q's prefill."""
+    unit, words = hm.pixel_unit(target), hm.text_ids(target)
+    return hm.Prompt(ADAPTER, target, (8, 6 * unit, 6 * unit), 0, words[3:6], words[7:9])
+
+
+def test_auto_runs_the_target_alone_where_the_drafts_prefill_cannot_pay_over_the_expected_answer(
+    auto_scheduler, tmp_path
+):
+    """A long video and short answers: even a draft that is always right (the target drafting for
+    itself) cannot pay back its prefill over the expected answer, so `auto` runs the target alone
+    from the first job, the draft never prefilled nor probed. A longer answer raises the expected
+    length until the prefill pays, and the next job drafts. Every answer is exact."""
+    target = hm.tiny(ADAPTER, "target")
+    p = _long_prompt(target)
+    flat = ((0, 1e-4), (1000, 1e-4))
+    pipe = _planning(target, target, tmp_path, flat, draft_prefills=((0, 0.0), (100, 0.01)))
+    short, long = {"do_sample": False, "max_new_tokens": 4}, {"do_sample": False, "max_new_tokens": 64}
+    outs = [out for out, _ in _planned(pipe, p, short, 5)]
+    for out in outs:
+        plan = out.stats.plan
+        assert plan["schedule"] == "autoregressive" and out.stats.kept_visual_tokens == 0, plan["why"]
+        assert "always right" in plan["why"] and "its prefill included" in plan["why"]
+        seconds = plan["answer_seconds"]
+        assert min(seconds[n] for n in seconds if n != "autoregressive") > seconds["autoregressive"]
+    assert pipe.scheduler.skip == 0 and not pipe.scheduler.probe_due  # nothing to probe: it cannot pay
+    (out, keep), *after = _planned(pipe, p, long, 3)
+    assert keep["answer_tokens"] == 4 and out.stats.plan["schedule"] == "autoregressive"  # 4 expected
+    assert out.stats.new_tokens == 64
+    last = after[-1][0].stats
+    assert (
+        after[-1][1]["answer_tokens"] > 4
+        and last.plan["schedule"] == "serial"
+        and last.kept_visual_tokens > 0
+    )
+    assert last.plan["answer_seconds"]["serial"] < last.plan["answer_seconds"]["autoregressive"]
 
 
 def test_auto_keeps_the_alpha_of_each_keep_ratio_per_video_length(auto_scheduler, tmp_path):
