@@ -502,11 +502,19 @@ def _rows_at(c: Clip, table: list[Row], results: dict, step: dict) -> list[dict]
 
 def keep_used(row: Row, asks: list[dict]) -> float | list[float] | None:
     """The keep ratio each answer's draft used: `auto`'s choice (its plan's `keep`), else the row's
-    own; one value for one question, a list for a prepared video's; None without a draft."""
+    own; one value for one question, a list for a prepared video's; None without a draft (for an
+    answer `auto` gave the target alone)."""
     if row.method in ("target_alone", "hf_generate"):
         return None
     own = row.keep_ratio if row.selector != "full" else 1.0
-    used = [float(s.get("plan", {}).get("keep", {}).get("ratio", own)) for s in asks]
+
+    def used_by(stats: dict) -> float | None:
+        plan = stats.get("plan", {})
+        if plan.get("schedule") == "autoregressive":
+            return None
+        return float(plan.get("keep", {}).get("ratio", own))
+
+    used = [used_by(s) for s in asks]
     return used[0] if len(used) == 1 else used
 
 
@@ -780,10 +788,12 @@ def claims_markdown(claims: dict) -> list[str]:
     return lines
 
 
-def _keep_text(used: float | list[float] | None) -> str:
+def _keep_text(used: float | list[float | None] | None) -> str:
     if used is None:
         return ""
-    return " / ".join(_f(u, ".0%") for u in (used if isinstance(used, list) else [used]))
+    return " / ".join(
+        "-" if u is None else _f(u, ".0%") for u in (used if isinstance(used, list) else [used])
+    )
 
 
 def markdown(summary: dict) -> str:

@@ -119,6 +119,9 @@ def test_auto_rows_report_the_keep_ratio_they_used() -> None:
     assert keep_used(Row("serial", "uniform", 0.1), [{}] * 4) == [0.1] * 4
     assert keep_used(Row("serial", "full"), [{}]) == 1.0
     assert keep_used(Row("target_alone"), [{}]) is None
+    alone = {"plan": {"schedule": "autoregressive", "keep": {"ratio": 0.1}}}  # auto gave the target alone
+    assert keep_used(Row("auto", "holistic", 0.1), [alone, *asks[1:]]) == [None, 0.1, 0.1, 0.05]
+    assert keep_used(Row("auto", "holistic", 0.1), [alone]) is None
 
 
 @pytest.mark.slow
@@ -155,7 +158,12 @@ def test_the_long_bench_runs_on_tiny_settings_with_four_different_questions(monk
         assert "projection" in p["label"] and p["speedup"][0] <= p["speedup"][1]
         if r["method"] == "auto":
             used = r["keep_ratio_used"]
-            assert len(used) == 4 if r["workload"] == "four_questions" else isinstance(used, float)
+            # (None: the answer went to the target alone)
+            assert (
+                len(used) == 4
+                if r["workload"] == "four_questions"
+                else used is None or isinstance(used, float)
+            )
     assert "Questions of the four-question workload" in long.markdown(summary)
 
 
