@@ -53,7 +53,8 @@ A batch (`Pipeline.generate_batch`, `Pipeline.map`, `hippo batch`, `hippo serve`
 way, with γ re-chosen each round for all its rows on t_verify(B, k) measured on the batch
 (`batch_gamma`): `serial`, or `pearl`/`hippo` where the draft can work beside the target (the batch's
 draft then drafts each row's next block on a thread while the target verifies), or the target alone.
-A batch's rows keep the selector's own ratio.
+A batch's rows keep the selector's own ratio, and are timed over the expected answer with q's prefill
+on the tokens it keeps, as a job alone (once q's prefill has been measured).
 """
 
 from __future__ import annotations
@@ -114,21 +115,21 @@ JOB_BACKOFF_MAX = 16
 ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
-def _answer_seconds(keep: dict[str, Any] | None, own: bool) -> Callable[[dict, str], float]:
+def _answer_seconds(expected: dict[str, Any] | None, own: bool) -> Callable[[dict, str], float]:
     """How a schedule is timed against the others from its predicted tokens/s (`rates`): per token
-    where the expected answer is not known (no keep-ratio record), else the expected answer's
-    seconds, the draft's prefill included where it does not run on a device of its own beside the
-    target's (hippo's synchronous prefill)."""
+    where the expected answer is not known (`expected` None), else the expected answer's seconds
+    (`expected`: its "answer_tokens" and q's prefill, "t_prefill"), the prefill included where q
+    does not run it on a device of its own beside the target's (hippo's synchronous prefill)."""
 
     def per_token(rate: float) -> float:
         return 1.0 / rate if rate > 0 else math.inf
 
-    if keep is None:
+    if expected is None:
         return lambda rates, name: per_token(rates[name])
 
     def seconds(rates: dict, name: str) -> float:
         hidden = name == "autoregressive" or (name == "hippo" and own)
-        return (0.0 if hidden else keep["t_prefill"]) + keep["answer_tokens"] * per_token(rates[name])
+        return (0.0 if hidden else expected["t_prefill"]) + expected["answer_tokens"] * per_token(rates[name])
 
     return seconds
 
@@ -410,20 +411,21 @@ class AutoScheduler(Scheduler):
         costs, g = self._costs(job), self.config.gamma_max
         overlap = choose_executor(job, usable_cores()) != ("inline", {"overlap": "off"})
         keep = None if batch else self._keep(job, costs, overlap)
+        expected = keep if not batch else self._batch_answer(job, costs)
         alpha = self.acceptance.alpha if keep is None else keep["alpha"]
         t_draft = None if keep is None else keep["t_draft"]
         now = predict(costs, alpha, overlap, g, t_draft)
         best_case = predict(costs, 1.0, overlap, g, t_draft)
         order = DRAFTING if own_device(job) else ("serial", "pearl", "hippo")
         offered = [n for n in order if now[n] is not None]
-        seconds = _answer_seconds(keep, own_device(job))
+        seconds = _answer_seconds(expected, own_device(job))
         if min(seconds(best_case, n) for n in offered) > seconds(now, "autoregressive"):
             name, why = (
                 "autoregressive",
                 "even a draft that is always right would be slower than the target alone",
             )
-            if keep is not None:
-                why += f" over the expected answer ({keep['answer_tokens']} tokens), its prefill included"
+            if expected is not None:
+                why += f" over the expected answer ({expected['answer_tokens']} tokens), its prefill included"
         else:
             name = max(offered, key=lambda n: now[n])  # the first of `order` on a tie
             why = f"the most predicted tokens/s of the drafting schedules at α = {alpha:.2f}"
@@ -442,13 +444,29 @@ class AutoScheduler(Scheduler):
             "tokens_per_second_if_always_right": best_case,
             "costs": {"t_decode": costs.verify[min(costs.verify)], **attrs.asdict(costs)},
         }
-        if keep is not None:  # the expected answer's seconds, the draft's prefill included
+        if expected is not None:  # the expected answer's seconds, the draft's prefill included
             record["answer_seconds"] = {n: seconds(now, n) for n in now if now[n] is not None}
         if batch:
             record["batch"] = batch
         if keep is not None:
             record["keep"] = keep
         return name, record
+
+    def _batch_answer(self, job: DecodeJob, costs: Costs) -> dict[str, Any] | None:
+        """What a batch row is timed over, as `_keep` times a job alone: its expected answer (the mean
+        of the latest answers, at most its `max_new_tokens`) and q's prefill on the tokens the
+        selector keeps (None where q's prefill was never measured: tokens/s decide)."""
+        fixed = self.config.costs is not None
+        prefills = [*costs.draft_prefills, *([] if fixed else self.draft_prefills)]
+        if not prefills:
+            return None
+        own = keep_ratio_of(job.pipeline.selector)
+        n = job.target_encoded().visual.n
+        tokens = job.prompt_ids.shape[0] - n + (n if own is None or own >= 1.0 else budget(n, own))
+        answer = job.max_new_tokens
+        if self.answers:
+            answer = min(answer, round(sum(self.answers) / len(self.answers)))
+        return {"t_prefill": draft_seconds(prefills, tokens), "answer_tokens": answer}
 
     # ---- the keep ratio -------------------------------------------------------------------------
     def _ratios(self, job: DecodeJob) -> list[float] | None:

@@ -872,6 +872,32 @@ def test_auto_runs_the_target_alone_where_the_drafts_prefill_cannot_pay_over_the
     assert last.plan["answer_seconds"]["serial"] < last.plan["answer_seconds"]["autoregressive"]
 
 
+def test_auto_runs_a_batch_of_short_answers_about_a_long_video_with_the_target_alone(
+    auto_scheduler, tmp_path
+):
+    """A batch's rows are timed as a job alone: over the expected answer, q's prefill on the tokens
+    the selector keeps included. Short answers about a long video: the batch runs the target alone,
+    no row's draft prefilled; long ones: it drafts. Every row is its own `target.generate`."""
+    target = hm.tiny(ADAPTER, "target")
+    p = _long_prompt(target)
+    flat = ((0, 1e-4), (1000, 1e-4))
+    pipe = _planning(target, target, tmp_path, flat, draft_prefills=((0, 0.0), (100, 0.05)))
+    for tokens, drafts in ((4, False), (64, True)):
+        gen = {"do_sample": False, "max_new_tokens": tokens}
+        pipe.scheduler.answers.clear()  # the expected answer: max_new_tokens
+        outs = pipe.generate_batch([p.inputs, p.inputs], **gen)
+        ref = hr.reference(target, p.inputs, **gen)
+        for out in outs:
+            hr.assert_same(out, ref, p.length)
+            plan = out.stats.plan
+            assert plan["batch"] == 2 and plan["answer_seconds"]["autoregressive"] == pytest.approx(
+                tokens * 1e-3
+            )
+            assert (plan["schedule"] != "autoregressive") == drafts and (
+                out.stats.kept_visual_tokens > 0
+            ) == drafts
+
+
 def test_auto_keeps_the_alpha_of_each_keep_ratio_per_video_length(auto_scheduler, tmp_path):
     """What a draft loses to pruning depends on the video's length: α seen at a ratio on short videos
     does not decide a video 4x longer, whose first job plans afresh from the selector's own ratio."""
