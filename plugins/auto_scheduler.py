@@ -456,17 +456,25 @@ class AutoScheduler(Scheduler):
         """What a batch row is timed over, as `_keep` times a job alone: its expected answer (the mean
         of the latest answers, at most its `max_new_tokens`) and q's prefill on the tokens the
         selector keeps (None where q's prefill was never measured: tokens/s decide)."""
-        fixed = self.config.costs is not None
-        prefills = [*costs.draft_prefills, *([] if fixed else self.draft_prefills)]
+        prefills = self._prefill_points(costs)
         if not prefills:
             return None
         own = keep_ratio_of(job.pipeline.selector)
         n = job.target_encoded().visual.n
         tokens = job.prompt_ids.shape[0] - n + (n if own is None or own >= 1.0 else budget(n, own))
-        answer = job.max_new_tokens
-        if self.answers:
-            answer = min(answer, round(sum(self.answers) / len(self.answers)))
-        return {"t_prefill": draft_seconds(prefills, tokens), "answer_tokens": answer}
+        return {"t_prefill": draft_seconds(prefills, tokens), "answer_tokens": self._answer_tokens(job)}
+
+    def _prefill_points(self, costs: Costs) -> list[tuple[int, float]]:
+        """q's prefills measured (tokens, seconds): the first job's calibration and the latest jobs'
+        (the fixed costs alone where given)."""
+        return [*costs.draft_prefills, *([] if self.config.costs is not None else self.draft_prefills)]
+
+    def _answer_tokens(self, job: DecodeJob) -> int:
+        """The answer the job is expected to give: the mean of the latest answers, at most its
+        `max_new_tokens`."""
+        if not self.answers:
+            return job.max_new_tokens
+        return min(job.max_new_tokens, round(sum(self.answers) / len(self.answers)))
 
     # ---- the keep ratio -------------------------------------------------------------------------
     def _ratios(self, job: DecodeJob) -> list[float] | None:
@@ -509,10 +517,8 @@ class AutoScheduler(Scheduler):
         fixed = self.config.costs is not None  # fixed costs are the whole model
         steps = [*costs.draft_steps, *([] if fixed else self.draft_steps)]
         steps = steps or [(text + budget(n, own), costs.draft_pruned)]
-        prefills = [*costs.draft_prefills, *([] if fixed else self.draft_prefills)]
-        answer = job.max_new_tokens
-        if self.answers:
-            answer = min(answer, round(sum(self.answers) / len(self.answers)))
+        prefills = self._prefill_points(costs)
+        answer = self._answer_tokens(job)
         band = length_band(n)
         fresh = not any(b == band for b, _ in self.by_keep)  # nothing seen yet on videos of this length
         options: dict[float, dict[str, float]] = {}
