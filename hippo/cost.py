@@ -13,7 +13,19 @@ Notation: p = target, q = draft, γ = draft length, α = probability that a draf
   context grows (a long video after a calibration on a short one), the two drift apart. So p's
   forwards are timed as they happen, target-only steps and verifications alike (a round's one
   forward of k tokens, against t_verify(k)), and the median of the recent ratios rescales p's curve
-  (`GammaPlan.scale`).
+  (`GammaPlan.scale`). The curve's shape is corrected too, per width k: a calibration times a few
+  widths and interpolates the rest, but a CPU's matrix kernels do not cost linearly in the tokens fed
+  (narration pair, 8 rows, 2-core AMD EPYC: the live forward of 6 tokens a row 0.93x the curve, of
+  8 tokens 1.04x, so the curve favoured γ = 7 over γ = 5 where γ = 5 was 5% faster). So a width k
+  that p's recent forwards fed is rescaled by the median of their ratios at k, and a width not fed
+  lately by the pooled median (`GammaPlan.live_curve`).
+- A round costs more than q's steps and p's forward: the host's work around them (the acceptance,
+  each row's logits processors and bookkeeping, emitting) and q's catch-up. The engine reports each
+  round's wall seconds (`GammaPlan.ran`), and what the model above did not predict is fitted per
+  width k = γ + 1 as a + b·k (`RoundOverhead`) and charged to every γ. Measured on the narration
+  pair at 8 rows with `min_new_tokens` (a logits processor every row and position): 3.8 ms at γ = 5
+  and 5.5 ms at γ = 7 on top of the model's 22-27 ms, which made γ = 7 look best where γ = 5 was
+  4% faster.
 - α: the acceptance seen so far in this call, recent rounds weighing more, and a prior that fades
   like an old round (`Acceptance`): 1/2, or the α of the pipeline's earlier jobs where the `auto`
   scheduler carries it (`AutoGamma.prior`). A round checks its accepted tokens and, if it rejected,
@@ -155,12 +167,20 @@ def measure_verify_curve(
     )
 
 
-def round_seconds(curve: VerifyCurve, t_draft: float, gamma: int, parallel: bool) -> float:
-    """Seconds of one round: γ drafts and their verification; γ = 0, one step of the target alone."""
+def round_seconds(
+    curve: VerifyCurve,
+    t_draft: float,
+    gamma: int,
+    parallel: bool,
+    overhead: Callable[[int], float] | None = None,
+) -> float:
+    """Seconds of one round: γ drafts and their verification; γ = 0, one step of the target alone;
+    plus `overhead(γ + 1)`, the host's work around them, where given (`RoundOverhead`)."""
+    extra = 0.0 if overhead is None else overhead(gamma + 1)
     if gamma == 0:
-        return curve(1)
+        return curve(1) + extra
     draft, verify = gamma * t_draft, curve(gamma + 1)
-    return max(draft, verify) if parallel else draft + verify
+    return (max(draft, verify) if parallel else draft + verify) + extra
 
 
 def rates(
@@ -169,6 +189,7 @@ def rates(
     t_draft: float,
     parallel: bool,
     gamma_max: int = GAMMA_MAX,
+    overhead: Callable[[int], float] | None = None,
 ) -> list[float]:
     """Expected tokens per second of each γ in 0..gamma_max (index γ; 0 = the target alone).
 
@@ -178,7 +199,7 @@ def rates(
     alphas = [alpha] if isinstance(alpha, int | float) else list(alpha)
     out = []
     for g in range(gamma_max + 1):
-        seconds = round_seconds(curve, t_draft, g, parallel)
+        seconds = round_seconds(curve, t_draft, g, parallel, overhead)
         tokens = sum(expected_tokens(a, g) for a in alphas)
         out.append(tokens / seconds if seconds > 0 else float(len(alphas) * (g + 1)))
     return out
@@ -251,6 +272,34 @@ class Acceptance:
     @property
     def alpha(self) -> float:
         return self.accepted / self.checked
+
+
+class RoundOverhead:
+    """The seconds of a round beyond the cost model's γ·t_draft + t_verify(γ + 1) (or its parallel
+    max): what the engine measured (`GammaPlan.ran`) minus what the model predicted, over the last
+    `LIVE_STEPS` rounds, fitted as a + b·k in the width k = γ + 1 through each width's median (a, b
+    >= 0). Nothing is charged until two widths were seen: one width's overhead says nothing of how
+    it grows with k, and taken as a constant it would send the next round to the longest γ."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, float]] = []  # (k, measured - predicted seconds)
+
+    def add(self, k: int, seconds: float) -> None:
+        self.seen = [*self.seen[1 - LIVE_STEPS :], (k, seconds)]
+
+    def fit(self) -> Callable[[int], float] | None:
+        """overhead(k), or None before rounds of two widths were measured."""
+        by_k: dict[int, list[float]] = {}
+        for k, extra in self.seen:
+            by_k.setdefault(k, []).append(extra)
+        if len(by_k) < 2:
+            return None
+        points = [(k, statistics.median(v)) for k, v in by_k.items()]
+        mk = statistics.fmean(k for k, _ in points)
+        my = statistics.fmean(y for _, y in points)
+        b = max(0.0, sum((k - mk) * (y - my) for k, y in points) / sum((k - mk) ** 2 for k, _ in points))
+        a = max(0.0, my - b * mk)
+        return lambda k: a + b * k
 
 
 class AutoGamma:
@@ -330,8 +379,10 @@ class GammaPlan:
         self.backoff = self.backoff_start = min(max(BACKOFF_START, carried), BACKOFF_MAX)
         self.target_steps = self.target_runs = self.probes = 0
         self.last: dict = {}  # the last decision's inputs and predicted tokens/s
-        #: p's last LIVE_STEPS forwards of a round, each measured seconds over its curve's t_verify(k)
-        self.live_ratios: list[float] = []
+        #: p's last LIVE_STEPS forwards of a round: (k, measured seconds over the curve's t_verify(k))
+        self.live_ratios: list[tuple[int, float]] = []
+        self.overhead = RoundOverhead()  # the rounds' seconds beyond the model's (`ran`)
+        self._predicted: tuple[int, float] | None = None  # the last round's (k, model seconds)
         #: p's (seconds, forwards, tokens fed, curve) before a round
         self._mark: tuple[float, int, int, VerifyCurve] | None = None
 
@@ -352,35 +403,40 @@ class GammaPlan:
         auto = self.auto
         curve = auto.curve if curve is None else curve
         self._observe(target)
-        if self.idle > 0:
-            self.idle -= 1
-            return self._chose(0, target, curve)
+        self._predicted = None
         t_draft = auto.t_draft if auto.t_draft is not None else t_draft
         if curve is None or t_draft is None:
+            if self.idle > 0:
+                self.idle -= 1
+                return self._chose(0, target, curve)
             return min(GAMMA_START, auto.gamma_max)
+        live = self.live_curve(curve)  # p's curve as its recent forwards ran, against q's live t_draft
+        if self.idle > 0:
+            self.idle -= 1
+            return self._chose(0, target, curve, live, t_draft)
         alpha = self._alpha(stats)
-        # p's curve times `scale` against q's live t_draft: the same as the curve against t_draft / scale
-        scale = self.scale
-        per_gamma = [r / scale for r in rates(curve, alpha, t_draft / scale, self.parallel, auto.gamma_max)]
+        overhead = self.overhead.fit() if auto.t_draft is None else None
+        per_gamma = rates(live, alpha, t_draft, self.parallel, auto.gamma_max, overhead)
         best = _best(per_gamma)
         self.last = {
             "alpha": alpha,
-            "t_decode": curve(1) * scale,
+            "t_decode": live(1),
             "t_draft": t_draft,
+            "round_overhead": overhead(best + 1) if overhead is not None else 0.0,
             "parallel": self.parallel,
             "tokens_per_second": {"target alone": per_gamma[0], f"draft γ={best}": per_gamma[best]},
         }
         if self.probe_due:  # the wait is over: draft one round to measure the acceptance again
             self.probe_due = False
             self.probes += 1
-            return self._chose(max(best, min(GAMMA_START, auto.gamma_max)), target, curve)
+            return self._chose(max(best, min(GAMMA_START, auto.gamma_max)), target, curve, live, t_draft)
         if per_gamma[best] >= per_gamma[0]:
             self.backoff = BACKOFF_START
-            return self._chose(best, target, curve)
+            return self._chose(best, target, curve, live, t_draft)
         self.target_runs += 1  # drafting loses: the target alone for `backoff` steps, then a probe
         self.idle, self.probe_due = self.backoff - 1, True
         self.backoff = min(2 * self.backoff, BACKOFF_MAX)
-        return self._chose(0, target, curve)
+        return self._chose(0, target, curve, live, t_draft)
 
     def _alpha(self, stats: Stats | Sequence[Stats]) -> float | list[float]:
         if isinstance(stats, Stats):
@@ -388,8 +444,17 @@ class GammaPlan:
         rows = self.row_acceptance
         return [rows.setdefault(id(s), Acceptance.starting_at(self.prior)).update(s) for s in stats]
 
-    def _chose(self, gamma: int, target: Any, curve: VerifyCurve | None) -> int:
+    def _chose(
+        self,
+        gamma: int,
+        target: Any,
+        curve: VerifyCurve | None,
+        live: VerifyCurve | None = None,
+        t_draft: float | None = None,
+    ) -> int:
         self.last["gamma"] = gamma
+        if live is not None and t_draft is not None and self.auto.t_draft is None:
+            self._predicted = (gamma + 1, round_seconds(live, t_draft, gamma, self.parallel))
         if gamma == 0:
             self.target_steps += 1
         if target is not None and curve is not None:
@@ -408,8 +473,15 @@ class GammaPlan:
             if k < 1 and self.last.get("gamma") == 0:
                 k = 1
             if forwards == 1 and k >= 1 and seconds > 0:
-                self.live_ratios = [*self.live_ratios[1 - LIVE_STEPS :], seconds / curve(k)]
+                self.live_ratios = [*self.live_ratios[1 - LIVE_STEPS :], (k, seconds / curve(k))]
         self._mark = None
+
+    def ran(self, seconds: float, gamma: int) -> None:
+        """The engine's wall seconds of the round just taken (after its γ was chosen) of `gamma`
+        drafts a row: what the model did not predict is the round's overhead (`RoundOverhead`)."""
+        if self._predicted is not None and self._predicted[0] == gamma + 1 and seconds > 0:
+            self.overhead.add(gamma + 1, seconds - self._predicted[1])
+        self._predicted = None
 
     @property
     def scale(self) -> float:
@@ -419,7 +491,20 @@ class GammaPlan:
         whole model)."""
         if not self.live_ratios or self.auto.t_draft is not None:
             return 1.0
-        return statistics.median(self.live_ratios)
+        return statistics.median(r for _, r in self.live_ratios)
+
+    def live_curve(self, curve: VerifyCurve) -> VerifyCurve:
+        """`curve` at p's live pace: each width k that p's recent forwards fed times the median of
+        their ratios at k, every other width times `scale` (the module doc). The curve itself where
+        t_draft is fixed too (`costs`: then it is the whole model)."""
+        if not self.live_ratios or self.auto.t_draft is not None:
+            return curve
+        fed: dict[int, list[float]] = {}
+        for k, r in self.live_ratios:
+            fed.setdefault(k, []).append(r)
+        scale = self.scale
+        widths = range(1, max(self.auto.gamma_max + 1, *curve.ks) + 1)
+        return VerifyCurve({k: curve(k) * (statistics.median(fed[k]) if k in fed else scale) for k in widths})
 
     def book(self, stats: Stats) -> None:
         """Put the job's target-only steps and the plan's record on its stats, and leave its back-off

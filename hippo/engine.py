@@ -493,6 +493,7 @@ class Engine:
             return []
         target, draft, rows = self.target, self.draft, self.rows
         g = self.gamma if isinstance(self.gamma, int) else self._planned()
+        planned = time.perf_counter()  # the round's own seconds, for the plan's overhead (`GammaPlan.ran`)
         wanted = [g if row.gamma is None else row.gamma for row in rows]  # 0: the target alone
         gammas = [min(w, row.job.remaining - 1) for w, row in zip(wanted, rows)]  # as batch 1 clamps
         proposals: list[DraftProposal | None] = [None] * len(rows)
@@ -570,6 +571,8 @@ class Engine:
                 # p accepted the whole block: what q drafted after p's next token is the next block
                 row.ahead = _after(nxt[0][b], nxt[1][b], row.job.tokens[-1])
         self.rounds += 1
+        if self.plan is not None and (self.worker is None or not self.worker.worker.virtual):
+            self.plan.ran(time.perf_counter() - planned, g)
         done = [i for i, row in enumerate(rows) if row.job.done or row.error is not None]
         if done:
             return self._leave(done)

@@ -32,9 +32,11 @@ from hippo.cost import (
     Acceptance,
     AutoGamma,
     GammaPlan,
+    RoundOverhead,
     VerifyCurve,
     _best,
     rates,
+    round_seconds,
 )
 from hippo.errors import ConfigError
 from hippo.interfaces import Drafter
@@ -952,3 +954,89 @@ def test_the_drafts_step_is_a_line_through_its_measured_steps():
     assert draft_seconds(steps, 2100) == pytest.approx(3e-3)
     assert draft_seconds([(100, 1e-3), (1100, 0.5e-3)], 5000) == pytest.approx(0.75e-3)  # slope >= 0
     assert draft_seconds([(100, 1e-3)], 9000) == pytest.approx(1e-3)
+
+
+def test_each_width_p_fed_lately_is_rescaled_by_its_own_live_forwards():
+    """A calibration times a few widths and interpolates the rest, but a CPU's kernels do not cost
+    linearly in the tokens fed. Live forwards of 6 tokens run at 0.9x the curve and of 8 at 1.2x:
+    those widths follow their own ratios, and a width not fed lately the pooled median."""
+    curve = {1: 1.0, 2: 1.05, 4: 1.2, 8: 1.5, 17: 2.6}
+    plan = AutoGamma(parallel=False, costs={"verify": curve}).plan(prior=0.8)
+    stats, target, auto = Stats(), _Clock(), plan.auto
+    for k, ratio in [(6, 0.9), (8, 1.2), (6, 0.9), (8, 1.2), (8, 1.2)]:
+        plan.next(stats, 0.1, target)
+        _round(stats, k - 1, 2)
+        target.step(ratio * auto.curve(k), k=k)
+    plan.next(stats, 0.1, target)
+    live = plan.live_curve(auto.curve)
+    assert live(6) == pytest.approx(0.9 * auto.curve(6)) and live(8) == pytest.approx(1.2 * auto.curve(8))
+    assert plan.scale == pytest.approx(1.2) and live(4) == pytest.approx(1.2 * auto.curve(4))
+
+
+@pytest.mark.parametrize(("a", "b", "drafts"), [(0.0, 0.25, "shorter"), (1.0, 0.0, "longer")])
+def test_a_rounds_overhead_beyond_the_model_is_fitted_per_width_and_charged(a, b, drafts):
+    """The engine reports each round's wall seconds (`GammaPlan.ran`). Here every round costs a + b·k
+    (k = γ + 1 tokens verified) beyond γ·t_draft + t_verify(γ + 1). The plan fits it and, at the same
+    acceptance, drafts shorter than a plan told nothing where the overhead grows with each token
+    verified, and longer where it is the same every round (fewer rounds pay it)."""
+    curve = VerifyCurve({1: 1.0, 2: 1.05, 4: 1.2, 8: 1.5, 17: 2.6})
+    chosen = {}
+    for told in (False, True):
+        plan = AutoGamma(parallel=False, costs={"verify": curve.seconds}).plan(prior=0.8)
+        stats, target = Stats(), _Clock()
+        g = plan.next(stats, 0.1, target)
+        for _ in range(10):  # 3 drafts accepted a round, p's forwards as calibrated
+            _round(stats, g, min(g, 3))
+            target.step(curve(g + 1), k=g + 1)
+            if told:
+                plan.ran(round_seconds(curve, 0.1, g, False) + a + b * (g + 1), g)
+            g = plan.next(stats, 0.1, target)
+        chosen[told] = g
+        if told:
+            overhead = plan.overhead.fit()
+            assert overhead(3) == pytest.approx(a + 3 * b) and overhead(9) == pytest.approx(a + 9 * b)
+            assert plan.record()["round_overhead"] == pytest.approx(a + b * (g + 1))
+    assert chosen[True] >= 1 and (
+        chosen[True] < chosen[False] if drafts == "shorter" else chosen[True] > chosen[False]
+    )
+
+
+def test_round_overhead_fits_a_line_through_each_widths_median():
+    """Nothing before two widths were seen; then a + b·k through the widths' medians, neither
+    negative; an outlier round (a compaction, a collection) moves a median little."""
+    fit = RoundOverhead()
+    assert fit.fit() is None
+    for extra in (0.002, 0.003, 0.050):
+        fit.add(6, extra)
+    assert fit.fit() is None
+    for extra in (0.004, 0.004):
+        fit.add(8, extra)
+    f = fit.fit()
+    assert f(6) == pytest.approx(0.003) and f(8) == pytest.approx(0.004) and f(10) == pytest.approx(0.005)
+    falling = RoundOverhead()
+    falling.add(2, 0.004)
+    falling.add(8, 0.001)
+    assert falling.fit()(1) == pytest.approx(0.0025) and falling.fit()(16) == pytest.approx(0.0025)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_the_engine_tells_the_plan_each_rounds_seconds(monkeypatch, rows):
+    """`Engine.step` times each round from its γ's choice to its end and tells the plan
+    (`GammaPlan.ran`) with the γ chosen: once a round, for a job alone and for a batch; the plan
+    charges what its model missed from the second width seen on. The output stays exact."""
+    told = []
+    ran = GammaPlan.ran
+    monkeypatch.setattr(
+        GammaPlan, "ran", lambda self, s, g: (told.append((s, g, self.last.get("gamma"))), ran(self, s, g))
+    )
+    target, draft = hm.tiny(ADAPTER, "target"), hm.tiny(ADAPTER, "draft")
+    p = hm.Prompt.default(ADAPTER, target)
+    pipe = hippo.PipelineBuilder().target(target).draft(draft).scheduler("serial", gamma="auto").build()
+    gen = {"do_sample": False, "max_new_tokens": 24}
+    outs = pipe.generate_batch([p.inputs] * rows, **gen) if rows > 1 else [pipe.generate(p.inputs, **gen)]
+    pipe.close()
+    for out in outs:
+        hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
+    stats = outs[0].stats
+    assert len(told) == stats.rounds + stats.target_steps, (len(told), stats.rounds, stats.target_steps)
+    assert all(s > 0 for s, _, _ in told) and all(g == chosen for _, g, chosen in told[1:])
