@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import statistics
 import threading
 import time
@@ -796,10 +797,29 @@ def _keep_text(used: float | list[float | None] | None) -> str:
     )
 
 
+def run_line(run: dict, env: dict) -> str:
+    """What was run, for how long, on what: the section's first line (so that a re-run writes it)."""
+    minutes, seconds = divmod(round(run["seconds"]), 60)
+    cpu = env.get("cpu_model", "this CPU")
+    kernels = f", torch's CPU kernels {env['cpu_capability']}" if env.get("cpu_capability") else ""
+    cores = f"{env['cpu_count']} logical CPUs" if env.get("cpu_count") else ""
+    return (
+        f"`{run['command']}` ({minutes} min {seconds} s, peak resident memory "
+        f"{run['peak_rss_bytes'] / 1e9:.1f} GB) on {cpu} ({cores}{kernels}), one run, on "
+        f"{env.get('date', 'an unknown date')}: the six-needle lists pair (`benchmarks/pair_lists/`, "
+        "`docs/long-video.md`), one held-out clip per N for the timed rows. `auto` chooses the keep ratio "
+        "per question where it drafts (`keep` shows the selector's own, `keep used` what its draft used; "
+        '"-": no draft). `peak MiB` is the process\'s resident peak during the run / how far above its '
+        "resident memory at the start the run went. What these figures say: `docs/figures.md`."
+    )
+
+
 def markdown(summary: dict) -> str:
     from .tables import markdown_table
 
     lines = [LONG_HEADING, ""]
+    if summary.get("run"):
+        lines += [run_line(summary["run"], summary.get("environment", {})), ""]
     lines += [
         f"Read bandwidth {summary['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; γ = {summary['gamma']}. Target step and "
         "(γ+1)-token verification against their bytes bound (weights + KV at that bandwidth); the target "
@@ -907,6 +927,7 @@ def main(
 
     from .report import environment
 
+    started = time.perf_counter()
     report_file = Path(out) if str(out).endswith(".md") else None
     directory = Path("results/bench-long") if report_file is not None else Path(out)
     directory.mkdir(parents=True, exist_ok=True)
@@ -921,6 +942,12 @@ def main(
         log=log,
     )
     summary["environment"] = environment(seed, threads)
+    summary["run"] = {
+        "command": "hippo bench --long" + (" --quick" if quick else ""),
+        "seconds": time.perf_counter() - started,
+        # the process's own peak (ru_maxrss is in KiB on Linux); draft processes are not in it
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
     rows_ = [{k: v for k, v in r.items() if k != "rounds"} for r in summary["rows"]]
     (directory / "results.json").write_text(
         json.dumps({"long": {**summary, "rows": rows_}}, indent=1, default=str)

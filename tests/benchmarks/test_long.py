@@ -4,6 +4,8 @@ mean of the target alone's two runs."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -125,10 +127,11 @@ def test_auto_rows_report_the_keep_ratio_they_used() -> None:
 
 
 @pytest.mark.slow
-def test_the_long_bench_runs_on_tiny_settings_with_four_different_questions(monkeypatch) -> None:
+def test_the_long_bench_runs_on_tiny_settings_with_four_different_questions(monkeypatch, tmp_path) -> None:
     """`hippo bench --long`'s run on the committed pair, one short N and a few rows: four different
     questions per prepared video, every output identical to the target's, `keep_ratio_used` on the
-    `auto` rows and a `projected_e2e` on every row."""
+    `auto` rows and a `projected_e2e` on every row. Its section of a report (`--out FILE.md`) opens
+    with what was run, for how long and on what, so a re-run keeps that line."""
     from hippo.benchmarks import long
     from hippo.cli.pair.lists import QUESTIONS
 
@@ -141,8 +144,17 @@ def test_the_long_bench_runs_on_tiny_settings_with_four_different_questions(monk
     ]
     monkeypatch.setattr(long, "rows", lambda keep_ratios: few)
     monkeypatch.setattr(long, "claims", lambda *a, **k: {})
-    summary = long.run(
-        sweep=(576,), keep_ratios=(0.1,), max_new_tokens=10, threads=1, quick=True, log=lambda s: None
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "RESULTS.md"
+    report.write_text("# hippo bench results\n\nThe short-video report.\n")
+    summary = long.main(
+        out=report,
+        sweep=(576,),
+        keep_ratios=(0.1,),
+        max_new_tokens=10,
+        threads=1,
+        quick=True,
+        log=lambda s: None,
     )
     assert summary["questions"] == list(QUESTIONS) and len(set(summary["questions"])) == 4
     rows = summary["rows"]
@@ -165,6 +177,11 @@ def test_the_long_bench_runs_on_tiny_settings_with_four_different_questions(monk
                 else used is None or isinstance(used, float)
             )
     assert "Questions of the four-question workload" in long.markdown(summary)
+    text = report.read_text()
+    assert text.startswith("# hippo bench results\n\nThe short-video report.\n\n## Long videos")
+    first = text.split("\n")[6]  # after the heading and a blank line
+    assert re.match(r"`hippo bench --long --quick` \(\d+ min \d+ s, peak resident memory \d", first), first
+    assert (tmp_path / "results" / "bench-long" / "results.json").is_file()
 
 
 def test_the_batch_projection_charges_each_round_at_the_batch_costs() -> None:
