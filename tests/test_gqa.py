@@ -4,8 +4,11 @@ to the function it replaced."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import types
+from collections.abc import Iterator
+from unittest import mock
 
 import pytest
 import torch
@@ -13,10 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+import hippo
 import hippo.gqa as gqa
 from hippo.gqa import grouped_query_sdpa, packed_sdpa
 from hippo.registry import lookup
 from hippo.testing import models as hm
+from hippo.testing import reference as hr
 
 
 def _module(groups: int) -> types.SimpleNamespace:
@@ -138,3 +143,104 @@ def test_a_sessions_steps_and_verifications_are_packed_and_unchanged(monkeypatch
         want = session.forward(tokens)
         session.rollback(L)
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """torch's thread count for a block (the tests run one thread each), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    B=st.integers(1, 2),
+    kv_heads=st.integers(1, 2),
+    groups=st.sampled_from([2, 4]),
+    k=st.integers(1, 7),
+    past=st.integers(0, 60),
+    mask=st.sampled_from(["none", "bool", "additive"]),
+    n_threads=st.integers(2, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_a_long_cache_split_across_threads_is_the_same_attention(
+    B, kv_heads, groups, k, past, mask, n_threads, seed
+):
+    """Where a cache is read by fewer (row, KV head) pairs than threads, it is cut into
+    one stretch per thread (`split_kv_sdpa`), including cache lengths that do not divide (overlapping
+    stretches) and masks that hide a whole stretch from a row (padding): float64, transformers' own
+    SDPA attention to 1e-12."""
+    gen = torch.Generator().manual_seed(seed)
+    N = past + k
+    q = torch.randn(B, kv_heads * groups, k, 8, generator=gen, dtype=torch.float64)
+    key = torch.randn(B, kv_heads, N, 8, generator=gen, dtype=torch.float64)
+    value = torch.randn(B, kv_heads, N, 8, generator=gen, dtype=torch.float64)
+    m = None if mask == "none" and k == 1 else _causal_mask(B, k, N, "bool" if mask == "none" else mask, gen)
+    if m is not None and past >= 8:  # the first stretch hidden whole from row 0 (left padding)
+        m[0, ..., : past // 2] = False if m.dtype == torch.bool else torch.finfo(torch.float64).min
+    module = _module(groups)
+    want, _ = sdpa_attention_forward(module, q, key, value, m, scaling=8**-0.5)
+    split: list[bool] = []
+    real = gqa.splits
+    spy = mock.patch.object(gqa, "splits", lambda *a: split.append(real(*a)) or split[-1])
+    with (
+        _threads(n_threads),
+        mock.patch.object(gqa, "SPLIT_KV_MIN", 1),
+        spy,
+        grouped_query_sdpa(torch.device("cpu")),
+    ):
+        got, _ = packed_sdpa(module, q, key, value, m, scaling=8**-0.5)
+    assert split == [B * kv_heads < n_threads and N >= 2]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_a_sessions_long_cache_is_split_and_its_logits_unchanged(monkeypatch):
+    """The tiny grouped-query target's session (2 K/V heads) with the split on for any cache
+    (`SPLIT_KV_MIN` = 1) and 3 threads: its step and 4-token verification split every layer's
+    attention in three stretches, and their logits are those of transformers' own SDPA path
+    (float64)."""
+    target = hm.tiny("qwen2_5_vl", "target")
+    unit = hm.pixel_unit(target)
+    inputs = hm.Prompt("qwen2_5_vl", target, (2, 2 * unit, 2 * unit), 0, [], []).inputs
+    adapter = lookup("adapters", "qwen2_5_vl")(target)
+    session = adapter.prefill(adapter.encode(inputs), None)
+    L, real = session.length, gqa.splits
+    monkeypatch.setattr(gqa, "SPLIT_KV_MIN", 1)
+    for k in (1, 4):
+        tokens = torch.arange(3, 3 + k)
+        split: list[bool] = []
+        with (
+            _threads(3),
+            mock.patch.object(gqa, "splits", lambda *a, seen=split: seen.append(real(*a)) or seen[-1]),
+        ):
+            got = session.forward(tokens)
+        session.rollback(L)
+        assert split == [True] * target.config.text_config.num_hidden_layers
+        with mock.patch.object(gqa, "packs", lambda *a: False):
+            want = session.forward(tokens)
+        session.rollback(L)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def test_a_batch_decoded_with_every_cache_split_is_exact(monkeypatch):
+    """Speculative decoding of two rows of different lengths (a stacked cache with padding and
+    rolled-back slots) with every attention split (`SPLIT_KV_MIN` = 1, 5 threads for 2 rows x 2 K/V
+    heads): every row equals the target's own greedy output (float64)."""
+    target, draft = hm.tiny("qwen2_5_vl", "target"), hm.tiny("qwen2_5_vl", "draft")
+    prompts = [hm.Prompt.default("qwen2_5_vl", target), hm.Prompt.default("qwen2_5_vl", target, frames=1)]
+    pipe = hippo.PipelineBuilder().target(target).draft(draft).scheduler("serial", gamma=3).build()
+    gen = {"do_sample": False, "max_new_tokens": 12}
+    split: list[bool] = []
+    real = gqa.splits
+    monkeypatch.setattr(gqa, "SPLIT_KV_MIN", 1)
+    monkeypatch.setattr(gqa, "splits", lambda *a: split.append(real(*a)) or split[-1])
+    with _threads(5):
+        outs = pipe.generate_batch([p.inputs for p in prompts], **gen)
+    pipe.close()
+    assert any(split)
+    for out, p in zip(outs, prompts):
+        hr.assert_same(out, hr.reference(target, p.inputs, **gen), p.length)
