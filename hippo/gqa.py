@@ -142,7 +142,7 @@ def packed_sdpa(
     g = module.num_key_value_groups
     rows = query.reshape(B, H // g, g * k, D)  # row j*k + i: the group's j-th query head, token i
     if splits(rows, key):
-        masks = _forward_masks(attention_mask, g, key.shape[2], query.dtype)
+        masks = _forward_masks(attention_mask, g, g * k, key.shape[2], query.dtype)
         out = split_kv_sdpa(rows, key, value, None, scaling, masks=masks)
     else:
         mask = None if attention_mask is None else attention_mask.repeat(1, 1, g, 1)  # [B, 1, g*k, N]
@@ -205,21 +205,24 @@ def stretch_masks(mask: torch.Tensor | None, N: int, R: int, dtype: torch.dtype)
     return out
 
 
-def _forward_masks(attention_mask: torch.Tensor | None, g: int, N: int, dtype: torch.dtype) -> StretchMasks:
-    """`stretch_masks` of `attention_mask` repeated for the g packed query heads, made once per
-    forward: transformers hands every layer the same mask tensor, made anew for each forward, so the
-    last one is kept for the next layer of this thread's forward (by identity: a weak reference, dead
-    once that forward's mask is freed)."""
-    key = (g, N, dtype, torch.get_num_threads())
+def _forward_masks(
+    attention_mask: torch.Tensor | None, g: int, R: int, N: int, dtype: torch.dtype
+) -> StretchMasks:
+    """`stretch_masks` of `attention_mask` repeated for the g packed query heads (R = g·k rows), made
+    once per forward: transformers hands every layer the same mask tensor, made anew for each
+    forward, so the last one is kept for the next layer of this thread's forward (by identity: a weak
+    reference, dead once that forward's mask is freed; no mask: by the shapes alone)."""
+    key = (g, R, N, dtype, torch.get_num_threads())
     kept = getattr(_ROUTE, "masks", None)
-    if kept is not None and attention_mask is not None:
+    if kept is not None:
         ref, kept_key, masks = kept
-        if ref() is attention_mask and kept_key == key:
+        if kept_key == key and (
+            ref is None if attention_mask is None else ref is not None and ref() is attention_mask
+        ):
             return masks
-    if attention_mask is None:
-        return stretch_masks(None, N, 0, dtype) if N % torch.get_num_threads() == 0 else []
-    masks = stretch_masks(attention_mask.repeat(1, 1, g, 1), N, g * attention_mask.shape[2], dtype)
-    _ROUTE.masks = (weakref.ref(attention_mask), key, masks)
+    mask = None if attention_mask is None else attention_mask.repeat(1, 1, g, 1)  # [B, 1, R, N]
+    masks = stretch_masks(mask, N, R, dtype)
+    _ROUTE.masks = (None if attention_mask is None else weakref.ref(attention_mask), key, masks)
     return masks
 
 
@@ -236,12 +239,11 @@ def split_kv_sdpa(
     and each other one overlaps the next by N mod C tokens, which it hides. Each stretch's output is
     weighted by softmax over the stretches of its log-sum-exp; a stretch whose tokens the mask hides
     from a query row counts for nothing there (torch's kernel gives such a row 0, not -inf).
-    `masks`: `stretch_masks` of the mask, made already (then `mask` is not read); [] where the mask
-    is None and N needs stretches of their own (made here)."""
+    `masks`: `stretch_masks` of the mask, made already (then `mask` is not read)."""
     B, KVH, R, D = query.shape
     N = key.shape[2]
     c, step, n = _layout(N)
-    if not masks:
+    if masks is None:
         masks = stretch_masks(mask, N, R, query.dtype)
     out = torch.empty_like(query)
     for b in range(B):
